@@ -1,0 +1,102 @@
+"""The vgen command: files written, one-line errors with exit code 2, no tracebacks."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+
+
+def run(args, cwd):
+    return subprocess.run([sys.executable, "-m", "vgen", *args], cwd=cwd, capture_output=True, text=True, env=ENV,
+                          timeout=300)
+
+
+def test_sample_writes_pngs_grid_and_stats(tiny_pipeline, tmp_path):
+    out = tmp_path / "out"
+    r = run(["sample", f"model.path={tiny_pipeline}", "labels=[0,3]", "num_samples=5", "batch_size=2", "seed=4",
+             "sampler.top_k=5", f"outdir={out}", "progress=false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = sorted(p.name for p in out.iterdir() if p.suffix == ".png")
+    assert names == [f"{i:06d}.png" for i in range(5)] + ["grid.png"]
+    st = json.loads((out / "stats.json").read_text())
+    assert st["labels"] == [0, 3, 0, 3, 0] and st["num_samples"] == 5
+    assert st["options"]["top_k"] == 5 and st["options"]["cfg_scale"] == 2.0  # card default kept
+    assert st["forward_passes"] == 3 * 16 and st["tokens"] == 5 * 16
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
+
+
+def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
+    """The CLI with batch_size=2 writes the same bytes the API produces for the whole batch at once."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from vgen import load_pipeline
+    out = tmp_path / "o"
+    r = run(["sample", f"model.path={tiny_pipeline}", "labels=[1,2,3]", "num_samples=3", "batch_size=2",
+             "seed=11", f"outdir={out}", "progress=false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    gen = load_pipeline(str(tiny_pipeline)).generate([1, 2, 3], seed=11)
+    for i in range(3):
+        png = torch.from_numpy(np.array(Image.open(out / f"{i:06d}.png"))).permute(2, 0, 1)
+        assert torch.equal(png, gen.images[i])
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["model=nope"], "unknown model 'nope'; available: photos-gpt"),
+    (["sampler=nope"], "unknown sampler 'nope'; available: ar"),
+    (["labels=[99]"], "class id 99 out of range"),
+    (["sampler.temperature=-1"], "temperature must be >= 0"),
+    (["sampler.top_k=-2"], "top_k must be >= 0"),
+    (["sampler.top_k=100000"], "above the vocabulary size"),
+    (["sampler.top_p=0"], "top_p must be in (0, 1]"),
+    (["sampler.cfg_scale=-1"], "cfg_scale must be >= 0"),
+    (["num_samples=0"], "num_samples must be >= 1"),
+])
+def test_bad_input_one_line_error(tiny_pipeline, tmp_path, args, msg):
+    extra = [] if args[0].startswith("model=") else [f"model.path={tiny_pipeline}"]
+    r = run(["sample", *extra, *args, f"outdir={tmp_path / 'x'}"], tmp_path)
+    assert r.returncode == 2
+    err = r.stderr.strip()
+    assert msg in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "x" / "stats.json").exists()
+
+
+def test_missing_pipeline_folder(tmp_path):
+    r = run(["sample", f"model.path={tmp_path / 'nowhere'}"], tmp_path)
+    assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_checkpoint_for_another_architecture(tiny_pipeline, tmp_path):
+    """A pipeline whose model file is a VQ checkpoint: refused with the kind that would load it."""
+    import shutil
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_pipeline, bad)
+    shutil.copy(bad / "vq.safetensors", bad / "gpt.safetensors")
+    r = run(["sample", f"model.path={bad}", f"outdir={tmp_path / 'y'}"], tmp_path)
+    assert r.returncode == 2 and "load_official('vq'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_help_and_unknown_command(tmp_path):
+    r = run(["--help"], tmp_path)
+    assert r.returncode == 0 and "sample" in r.stdout and "ar" in r.stdout
+    r = run(["frobnicate"], tmp_path)
+    assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
+    out = tmp_path / "bench"
+    r = run(["bench", f"models=[{tiny_pipeline}]", "batch_sizes=[1,2]", "repeats=1", "compile=false",
+             f"outdir={out}"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "bench.json").read_text())
+    cells = {(row["sampler"], row["batch_size"]) for row in rep["rows"]}
+    assert cells == {("llamagen-loop", 1), ("llamagen-loop", 2), ("ar", 1), ("ar", 2)}
+    ar = next(row for row in rep["rows"] if row["sampler"] == "ar" and row["batch_size"] == 2)
+    assert ar["forward_passes"] == 16 and ar["speedup_vs_llamagen-loop"] > 0
+    assert "| ms/token |" in r.stdout
+    assert (out / "bench.png").stat().st_size > 1000

@@ -1,0 +1,89 @@
+"""The ``vgen`` command: ``vgen <command> [hydra overrides ...]``.
+
+Commands: sample, bench, train. Each is a Hydra app over the configs shipped in ``vgen/configs``, so
+overrides, ``--cfg job``, multirun (``-m``) and launchers work as in any Hydra program.
+"""
+from __future__ import annotations
+
+import sys
+
+from vgen.errors import VGenError
+
+COMMANDS = {
+    "sample": "draw images from a zoo model or a local pipeline folder (PNGs, grid.png, stats.json)",
+    "bench": "time samplers x batch sizes side by side (table, bench.json, plots)",
+    "train": "run a zoo training recipe (recipe=vq|gpt), resumable",
+}
+
+
+def _usage() -> str:
+    from vgen import list_models, list_samplers
+    lines = ["usage: vgen <command> [key=value ...]", "", "commands:"]
+    lines += [f"  {k:<8} {v}" for k, v in COMMANDS.items()]
+    lines += ["", f"models:   {', '.join(list_models()) or '(none)'}", f"samplers: {', '.join(list_samplers())}",
+              "", "examples:", "  vgen sample", "  vgen sample sampler.top_k=100 labels=[0,3] num_samples=16 outdir=out",
+              "  vgen sample --cfg job      # show the composed config"]
+    return "\n".join(lines)
+
+
+def _group_options(group: str) -> list[str]:
+    from pathlib import Path
+    d = Path(__file__).parent / "configs" / group
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def _precheck(overrides: list[str]) -> None:
+    """One-line errors for unknown config-group choices, before Hydra composes anything."""
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        key = key.lstrip("+~")
+        if sep and key in ("model", "sampler", "recipe"):
+            valid = _group_options(key)
+            if value not in valid:
+                what = {"model": "model", "sampler": "sampler", "recipe": "recipe"}[key]
+                extra = " (or model.path=<folder with pipeline.json>)" if key == "model" else ""
+                raise VGenError(f"unknown {what} {value!r}; available: {', '.join(valid)}{extra}")
+
+
+def _task(command: str):
+    from vgen import commands
+    return getattr(commands, command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"vgen: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        sys.exit(2)
+
+    try:
+        _precheck(rest)
+    except VGenError as e:
+        print(f"vgen {command}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+    import hydra
+    from omegaconf import DictConfig
+
+    from vgen.configs import register
+    register()
+    task = _task(command)
+
+    @hydra.main(config_path="pkg://vgen.configs", config_name=command, version_base="1.3")
+    def _app(cfg: DictConfig):
+        try:
+            return task(cfg)
+        except VGenError as e:
+            print(f"vgen {command}: error: {e}", file=sys.stderr)
+            sys.exit(2)
+
+    sys.argv = [f"vgen {command}"] + rest
+    _app()
+
+
+if __name__ == "__main__":
+    main()

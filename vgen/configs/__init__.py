@@ -1,0 +1,80 @@
+"""Hydra configs shipped in the package (``pkg://vgen.configs``) and their structured schemas.
+
+Every sampler's schema is derived from its ``Options`` dataclass (all fields optional: ``null`` means
+"the model card's recommendation, else the sampler default"), so a new sampler gets a validated config
+group entry without touching this file; its YAML file in ``configs/sampler/`` picks the schema.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+def sampler_schema(sampler_cls) -> type:
+    fields = [("name", str, dataclasses.field(default=sampler_cls.name))]
+    for f in dataclasses.fields(sampler_cls.Options):
+        fields.append((f.name, Optional[f.type if not isinstance(f.type, str) else _resolve(f.type)],
+                       dataclasses.field(default=None)))
+    return dataclasses.make_dataclass(f"{sampler_cls.__name__}Schema", fields)
+
+
+def _resolve(t: str):
+    return {"float": float, "int": int, "bool": bool, "str": str}.get(t, Any)
+
+
+@dataclass
+class ModelSchema:
+    name: str = "photos-gpt"
+    path: Optional[str] = None  # a local folder with pipeline.json overrides the zoo name
+
+
+@dataclass
+class SampleSchema:
+    model: Any = None
+    sampler: Any = None
+    labels: Optional[list[int]] = None  # null: cycle through every class
+    num_samples: int = 16
+    seed: int = 0
+    batch_size: int = 8
+    outdir: str = "samples"
+    device: str = "cpu"
+    grid_nrow: int = 8
+    progress: bool = True
+
+
+@dataclass
+class BenchSchema:
+    model: Any = None
+    models: list[str] = field(default_factory=lambda: ["photos-gpt"])
+    samplers: list[str] = field(default_factory=lambda: ["ar"])
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    repeats: int = 3
+    seed: int = 0
+    baseline: bool = True  # include the official-style LlamaGen generate() loop
+    compile: bool = True
+    outdir: str = "bench"
+    device: str = "cpu"
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainSchema:
+    recipe: Any = None
+
+
+def register() -> None:
+    from vgen.samplers.base import _REGISTRY
+    from vgen.train.gpt import GPTTrainConfig
+    from vgen.train.vq import VQTrainConfig
+    cs = ConfigStore.instance()
+    cs.store(name="sample_schema", node=SampleSchema)
+    cs.store(name="bench_schema", node=BenchSchema)
+    cs.store(name="train_schema", node=TrainSchema)
+    cs.store(group="vgen_schema", name="model", node=ModelSchema)
+    for name, cls in _REGISTRY.items():
+        cs.store(group="vgen_schema", name=f"sampler_{name}", node=sampler_schema(cls))
+    cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)

@@ -1,0 +1,1 @@
+"""Evaluation: benchmarks (and, with the eval issue, FID/KID/IS and FVD)."""

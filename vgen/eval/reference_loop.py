@@ -1,0 +1,96 @@
+"""The official LlamaGen ``generate()`` loop's per-step work, re-implemented for side-by-side timing.
+
+It drives the same weights (a vgen ``GPT``) the way the official code does, so ``vgen bench`` can report
+vgen's speed as a ratio against it in one run: caches allocated per call (length rounded up to a multiple
+of 8) with a materialised (B, T, T) causal mask; per step the token is duplicated with ``cat`` for CFG,
+the mask row is gathered, keys/values are written by index assignment, then copied by
+``repeat_interleave`` before attention, the logits go through boolean-index top-k filtering, softmax and
+``torch.multinomial``, and every token and probability row is cloned into a Python list.
+Not a sampler: its randomness comes from the global generator, like the original.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vgen.models.gpt import GPT, apply_rope
+
+
+def _filter_sample(logits, temperature, top_k, top_p):
+    logits = logits[:, -1, :] / max(temperature, 1e-5)
+    if top_k > 0:
+        k = min(top_k, logits.size(-1))
+        logits[logits < torch.topk(logits, k)[0][..., -1, None]] = -float("inf")
+    if top_p < 1.0:
+        srt, order = torch.sort(logits, descending=True)
+        remove = torch.cumsum(F.softmax(srt, dim=-1), dim=-1) > top_p
+        remove[..., 1:] = remove[..., :-1].clone()
+        remove[..., 0] = 0
+        logits[remove.scatter(1, order, remove)] = -float("inf")
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1), probs
+
+
+def _forward(model: GPT, h, input_pos, caches, mask):
+    cfg = model.config
+    rope = model.freqs_cis[input_pos]
+    for layer, (kc, vc) in zip(model.layers, caches):
+        att = layer.attention
+        x = layer.attention_norm(h)
+        b, s, _ = x.shape
+        kv = att.n_kv_head * att.head_dim
+        q, k, v = att.wqkv(x).split([att.dim, kv, kv], dim=-1)
+        q = apply_rope(q.view(b, s, att.n_head, att.head_dim), rope).transpose(1, 2)
+        k = apply_rope(k.view(b, s, att.n_kv_head, att.head_dim), rope).transpose(1, 2)
+        v = v.view(b, s, att.n_kv_head, att.head_dim).transpose(1, 2)
+        kc[:, :, input_pos] = k
+        vc[:, :, input_pos] = v
+        keys = kc.repeat_interleave(att.n_head // att.n_kv_head, dim=1)
+        values = vc.repeat_interleave(att.n_head // att.n_kv_head, dim=1)
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        h = h + att.wo(y.transpose(1, 2).contiguous().view(b, s, cfg.dim))
+        h = h + layer.feed_forward(layer.ffn_norm(h))
+    return model.output(model.norm(h)).float()
+
+
+@torch.inference_mode()
+def llamagen_generate(model: GPT, cond: torch.Tensor, cfg_scale: float = 1.0, cfg_interval: int = -1,
+                      temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    cfg = model.config
+    T = cfg.cls_token_num
+    L = cfg.block_size
+    use_cfg = cfg_scale > 1.0
+    cond_in = torch.cat([cond, model.null_cond(cond)]) if use_cfg else cond
+    bsz = cond_in.shape[0]
+    max_len = T + L
+    max_len += (-max_len) % 8
+    dev, dt = cond.device, model.tok_embeddings.weight.dtype
+    shape = (bsz, cfg.n_kv_head or cfg.n_head, max_len, cfg.head_dim)
+    caches = [(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
+              for _ in model.layers]
+    causal = torch.tril(torch.ones(max_len, max_len, dtype=torch.bool, device=dev)).unsqueeze(0).repeat(bsz, 1, 1)
+
+    def guided(logits, flag=True):
+        if not use_cfg:
+            return logits
+        c, u = torch.split(logits, len(logits) // 2, dim=0)
+        return u + (c - u) * cfg_scale if flag else c
+
+    input_pos = torch.arange(0, T, device=dev)
+    h = model.cls_embedding(cond_in, train=False)[:, :T]
+    logits = _forward(model, h, input_pos, caches, causal[:bsz, None, input_pos])
+    tok, _ = _filter_sample(guided(logits), temperature, top_k, top_p)
+    out, probs = [tok.clone()], []
+    input_pos = torch.tensor([T], device=dev, dtype=torch.int)
+    flag = True
+    for i in range(L - 1):
+        if cfg_interval > -1 and i > cfg_interval:
+            flag = False
+        x = torch.cat([tok, tok]) if use_cfg else tok
+        logits = _forward(model, model.tok_embeddings(x), input_pos, caches, causal[:bsz, None, input_pos])
+        tok, p = _filter_sample(guided(logits, flag), temperature, top_k, top_p)
+        input_pos += 1
+        out.append(tok.clone())
+        probs.append(p.clone())
+        tok = tok.view(-1, 1)
+    return torch.cat(out, dim=1)

@@ -1,0 +1,48 @@
+"""Static KV cache: allocated once for (layers, batch, heads, max_len, head_dim) and written in place.
+
+Cache slot == sequence position. Attention masks are built from positions (a key at slot j is visible
+to a query at position p when j <= p, or from an explicit mask), so rolling back to a shorter prefix is
+free: slots past the new length are masked until they are overwritten. Positions can be shared by the
+batch (``input_pos`` of shape (S,)) or per sample ((B, S)), which is what ragged speculative decoding needs.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        # one tensor per layer (not views of one big tensor): compiled steps then update them in place
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.max_len = max_len
+        self.batch_size = batch_size
+        # key slot index, used to build position-based masks without allocating per step
+        self.slots = torch.arange(max_len, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, H, S, D) at ``input_pos`` ((S,) or (B, S)); return this layer's full K, V."""
+        kc, vc = self.k[layer], self.v[layer]
+        if input_pos.dim() == 1:
+            kc[:, :, input_pos] = k  # index_put_: reinplaced by inductor, no whole-cache copy
+            vc[:, :, input_pos] = v
+        else:
+            idx = input_pos[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+            kc.scatter_(2, idx, k)
+            vc.scatter_(2, idx, v)
+        return kc, vc
+
+    def causal_mask(self, input_pos: torch.Tensor) -> torch.Tensor:
+        """Bool mask, True = attend: (1, 1, S, max_len) for shared positions, (B, 1, S, max_len) per sample."""
+        m = self.slots <= input_pos[..., None]
+        return m[None, None] if input_pos.dim() == 1 else m[:, None]
+
+    def reset(self) -> None:
+        for t in self.k + self.v:
+            t.zero_()

@@ -1,0 +1,166 @@
+"""Pipelines: a token model + its tokenizer + recommended sampling settings, loaded from the embedded zoo
+(``vgen/zoo/<name>/``) or from any folder with the same layout:
+
+    pipeline.json        {"model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq",
+                          "tokenizer": "vq.safetensors", "class_names": [...], "sampling": {...}}
+    gpt.safetensors      official key layout, config in the safetensors metadata
+    vq.safetensors
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vgen.errors import VGenError
+
+ZOO_DIR = Path(__file__).parent / "zoo"
+
+
+def list_models() -> list[str]:
+    """Names of the zoo pipelines shipped with vgen."""
+    if not ZOO_DIR.exists():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "pipeline.json").exists())
+
+
+def resolve(name_or_path: str) -> Path:
+    """Zoo name or folder -> folder holding pipeline.json (clear error otherwise)."""
+    p = Path(name_or_path).expanduser()
+    if (p / "pipeline.json").exists():
+        return p
+    if (ZOO_DIR / name_or_path / "pipeline.json").exists():
+        return ZOO_DIR / name_or_path
+    avail = ", ".join(list_models()) or "(none installed)"
+    raise VGenError(f"unknown model {name_or_path!r}: use a zoo model ({avail}) or a folder containing "
+                    "pipeline.json")
+
+
+def read_card(name_or_path: str) -> dict:
+    folder = resolve(name_or_path)
+    card = json.loads((folder / "pipeline.json").read_text())
+    card["_folder"] = str(folder)
+    return card
+
+
+@dataclass
+class Generation:
+    images: torch.Tensor  # uint8 (N, 3, H, W)
+    tokens: torch.Tensor  # int64 (N, L)
+    labels: torch.Tensor  # (N,)
+    seeds: list[int]
+    stats: dict = field(default_factory=dict)
+
+
+class Pipeline:
+    def __init__(self, model, tokenizer, card: dict | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer.eval()
+        self.card = card or {}
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
+        from vgen.models import load_official
+        card = read_card(name_or_path)
+        folder = Path(card["_folder"])
+        model = load_official(card["model_kind"], folder / card["model"], device=device, dtype=dtype)
+        tok = load_official(card["tokenizer_kind"], folder / card["tokenizer"], device=device)
+        return cls(model, tok, card)
+
+    @property
+    def num_classes(self) -> int:
+        return self.model.num_classes
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.card.get("class_names") or [str(i) for i in range(self.num_classes)])
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def sampling_defaults(self, sampler: str) -> dict:
+        """The card's recommended options, restricted to what ``sampler`` accepts."""
+        from vgen.samplers import get_sampler
+        fields = {f.name for f in dataclasses.fields(get_sampler(sampler).Options)}
+        return {k: v for k, v in (self.card.get("sampling") or {}).items() if k in fields}
+
+    def make_sampler(self, sampler: str = "ar", **options):
+        from vgen.samplers import get_sampler
+        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
+        s = get_sampler(sampler, **opts)
+        s.options.validate(self.model.vocab_size)
+        return s
+
+    def check_labels(self, labels) -> torch.Tensor:
+        from vgen.samplers import as_cond
+        cond = as_cond(labels)
+        if cond.numel() == 0:
+            raise VGenError("no labels given: pass at least one class id")
+        bad = cond[(cond < 0) | (cond >= self.num_classes)]
+        if bad.numel():
+            raise VGenError(f"class id {int(bad[0])} out of range: this model has classes 0..{self.num_classes - 1}")
+        return cond
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens -> uint8 images, one sample at a time so the bytes never depend on the batch."""
+        from vgen.data import to_uint8
+        grid = self.model.grid
+        return torch.cat([to_uint8(self.tokenizer.decode_codes(t[None], grid)) for t in tokens]).cpu()
+
+    def generate(self, labels, sampler: str = "ar", seed: int = 0, batch_size: int | None = None,
+                 progress: bool = False, **options) -> Generation:
+        """Sample images for ``labels``; sample i uses seed ``seed + i`` whatever the batching."""
+        cond = self.check_labels(labels)
+        s = self.make_sampler(sampler, **options)
+        n = cond.shape[0]
+        bs = batch_size or n
+        t0 = time.perf_counter()
+        toks, agg = [], {}
+        for i in range(0, n, bs):
+            c = cond[i:i + bs].to(self.device)
+            t, st = s(self.model, c, [seed + j for j in range(i, min(i + bs, n))], progress=progress)
+            toks.append(t)
+            for k, v in st.items():
+                if isinstance(v, (int, float)):
+                    agg.setdefault(k, []).append((v, c.shape[0]))
+        tokens = torch.cat(toks).cpu()
+        t1 = time.perf_counter()
+        images = self.decode(tokens)
+        stats = {}
+        for k, vals in agg.items():
+            if k in ("forward_passes", "tokens", "seconds"):
+                stats[k] = sum(v for v, _ in vals)
+            elif k == "kv_cache_bytes":
+                stats[k] = max(v for v, _ in vals)
+            else:  # per-sample means: weight by batch size
+                stats[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
+        stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
+                     sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
+        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats)
+
+
+def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
+    return Pipeline.from_pretrained(name, device=device, dtype=dtype)
+
+
+def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_kind: str = "vq",
+                  class_names: list[str] | None = None, sampling: dict | None = None, extra: dict | None = None) -> Path:
+    """Write a pipeline folder (weights in the official key layout, config in the safetensors metadata)."""
+    from vgen.io import atomic_write_json, save_safetensors
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    mfile, tfile = f"{model_kind}.safetensors", f"{tokenizer_kind}.safetensors"
+    save_safetensors(model.state_dict(), folder / mfile, metadata={"config": json.dumps(model.config_dict())})
+    save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
+    card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
+            "num_classes": model.num_classes, "vocab_size": model.vocab_size,
+            "class_names": class_names or [str(i) for i in range(model.num_classes)],
+            "sampling": sampling or {}, **(extra or {})}
+    atomic_write_json(folder / "pipeline.json", card)
+    return folder

@@ -1,0 +1,6 @@
+"""Samplers: one file per method over shared kernels. ``sample(model, labels, sampler=..., seed=...)``."""
+from vgen.samplers import ar  # noqa: F401  (registers "ar")
+from vgen.samplers.base import (Sampler, SamplingOptions, as_cond, get_sampler, list_samplers, register_sampler,
+                                sample)
+
+__all__ = ["Sampler", "SamplingOptions", "as_cond", "get_sampler", "list_samplers", "register_sampler", "sample"]

@@ -1,0 +1,119 @@
+"""The sampler interface and registry.
+
+A sampler drives any model with the small interface below and never knows its family:
+
+* ``vocab_size``, ``num_classes``, ``seq_len`` (image tokens), ``cond_len`` (condition positions),
+  ``grid`` (h, w)
+* ``null_cond(cond)``, ``new_cache(batch_size)``
+* ``prefill(cond, cache) -> logits (B, V)``, ``decode(tokens, input_pos, cache, attn_mask=None) -> (B, S, V)``
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from vgen.errors import VGenError
+
+_REGISTRY: dict[str, type[Sampler]] = {}
+
+
+@dataclass
+class SamplingOptions:
+    """Options every token sampler shares. The target distribution is: CFG-guided logits (rows
+    [cond; uncond], ``uncond + cfg_scale * (cond - uncond)``), divided by ``temperature``, truncated to
+    ``top_k`` (0 = off) then ``top_p`` (1 = off)."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg_scale: float = 1.0
+    cfg_interval: int = -1  # official LlamaGen semantics: tokens after index cfg_interval+1 are unguided
+    compile: bool = False  # torch.compile the decode step (worth it for long jobs; costs a warm-up)
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        if self.temperature < 0:
+            raise VGenError(f"temperature must be >= 0, got {self.temperature}: use 1.0 for the model's "
+                            "distribution, lower for sharper samples")
+        if self.top_k < 0:
+            raise VGenError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if vocab_size is not None and self.top_k > vocab_size:
+            raise VGenError(f"top_k={self.top_k} is above the vocabulary size {vocab_size}: use 0 (off) "
+                            f"or a value in 1..{vocab_size}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise VGenError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if self.cfg_scale < 0:
+            raise VGenError(f"cfg_scale must be >= 0 (1 = no guidance), got {self.cfg_scale}")
+        if self.cfg_interval < -1:
+            raise VGenError(f"cfg_interval must be >= -1 (-1 = guide every token), got {self.cfg_interval}")
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+class Sampler:
+    """Base class: subclasses set ``name`` and ``Options`` and implement ``_sample``."""
+
+    name: str = ""
+    Options: type = SamplingOptions
+
+    def __init__(self, **options):
+        fields = {f.name for f in dataclasses.fields(self.Options)}
+        unknown = sorted(set(options) - fields)
+        if unknown:
+            raise VGenError(f"unknown option(s) {unknown} for sampler {self.name!r}; valid options: "
+                            f"{sorted(fields)}")
+        self.options = self.Options(**options)
+
+    def validate(self, model, cond: torch.Tensor) -> None:
+        self.options.validate(model.vocab_size)
+        if cond.dtype in (torch.int32, torch.int64):
+            bad = cond[(cond < 0) | (cond >= model.num_classes)]
+            if bad.numel():
+                raise VGenError(f"class id {int(bad[0])} out of range: this model has classes "
+                                f"0..{model.num_classes - 1}")
+
+    @torch.inference_mode()
+    def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False):
+        self.validate(model, cond)
+        return self._sample(model, cond, list(seeds), progress)
+
+    def _sample(self, model, cond, seeds, progress):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def list_samplers() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_sampler(name: str, **options) -> Sampler:
+    if name not in _REGISTRY:
+        raise VGenError(f"unknown sampler {name!r}; available samplers: {', '.join(list_samplers())}")
+    return _REGISTRY[name](**options)
+
+
+def as_cond(labels, device=None) -> torch.Tensor:
+    if isinstance(labels, int):
+        labels = [labels]
+    t = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
+    if t.dim() == 0:
+        t = t[None]
+    if not t.is_floating_point():
+        t = t.long()
+    return t.to(device) if device is not None else t
+
+
+def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False, **options):
+    """Sample image tokens: returns ``(tokens (N, seq_len) int64, stats dict)``.
+
+    Sample i uses seed ``seed + i``: it is identical to running it alone with that seed."""
+    s = get_sampler(sampler, **options)
+    dev = next(model.parameters()).device
+    cond = as_cond(labels, dev)
+    return s(model, cond, [seed + i for i in range(cond.shape[0])], progress)
