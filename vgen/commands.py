@@ -29,6 +29,15 @@ def _labels(cfg, num_classes: int) -> list[int]:
     return [int(base[i % len(base)]) for i in range(cfg.num_samples)]
 
 
+def _output_dir(cfg) -> Path:
+    """Hydra's job folder: ``outdir`` for a single run, ``outdir/<job number>`` in a multirun sweep."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:  # called outside a Hydra app
+        return Path(cfg.outdir)
+
+
 def sample(cfg: DictConfig):
     import torch
     from tqdm.auto import tqdm
@@ -49,7 +58,7 @@ def sample(cfg: DictConfig):
     labels = _labels(cfg, int(card["num_classes"]))
 
     pipe = Pipeline.from_pretrained(name, device=cfg.device)
-    out = Path(cfg.outdir)
+    out = _output_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     images, stats_all = [], []
     bar = tqdm(total=len(labels), desc=f"sample {sampler_name}", unit="img", disable=not cfg.progress)
