@@ -31,15 +31,25 @@ def _filter_sample(logits, temperature, top_k, top_p):
     return torch.multinomial(probs, num_samples=1), probs
 
 
+def _rms(x, norm):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(torch.mean(x32 * x32, dim=-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight
+
+
+def _ffn(x, ff):
+    return F.linear(F.silu(F.linear(x, ff.w1.weight)) * F.linear(x, ff.w3.weight), ff.w2.weight)
+
+
 def _forward(model: GPT, h, input_pos, caches, mask):
+    """Plain ``F.linear`` and the unfused RMSNorm, as in the official model (not vgen's kernels)."""
     cfg = model.config
     rope = model.freqs_cis[input_pos]
     for layer, (kc, vc) in zip(model.layers, caches):
         att = layer.attention
-        x = layer.attention_norm(h)
+        x = _rms(h, layer.attention_norm)
         b, s, _ = x.shape
         kv = att.n_kv_head * att.head_dim
-        q, k, v = att.wqkv(x).split([att.dim, kv, kv], dim=-1)
+        q, k, v = F.linear(x, att.wqkv.weight).split([att.dim, kv, kv], dim=-1)
         q = apply_rope(q.view(b, s, att.n_head, att.head_dim), rope).transpose(1, 2)
         k = apply_rope(k.view(b, s, att.n_kv_head, att.head_dim), rope).transpose(1, 2)
         v = v.view(b, s, att.n_kv_head, att.head_dim).transpose(1, 2)
@@ -48,9 +58,9 @@ def _forward(model: GPT, h, input_pos, caches, mask):
         keys = kc.repeat_interleave(att.n_head // att.n_kv_head, dim=1)
         values = vc.repeat_interleave(att.n_head // att.n_kv_head, dim=1)
         y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        h = h + att.wo(y.transpose(1, 2).contiguous().view(b, s, cfg.dim))
-        h = h + layer.feed_forward(layer.ffn_norm(h))
-    return model.output(model.norm(h)).float()
+        h = h + F.linear(y.transpose(1, 2).contiguous().view(b, s, cfg.dim), att.wo.weight)
+        h = h + _ffn(_rms(h, layer.ffn_norm), layer.feed_forward)
+    return F.linear(_rms(h, model.norm), model.output.weight).float()
 
 
 @torch.inference_mode()
