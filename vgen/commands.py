@@ -2,6 +2,7 @@
 weights are loaded or any model work starts."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -51,7 +52,6 @@ def sample(cfg: DictConfig):
     sampler_name = cfg.sampler.name
     opts = {**{k: v for k, v in (card.get("sampling") or {}).items()}, **_options(cfg.sampler)}
     s = get_sampler(sampler_name)  # unknown sampler -> clear error
-    import dataclasses
     fields = {f.name for f in dataclasses.fields(s.Options)}
     opts = {k: v for k, v in opts.items() if k in fields}
     get_sampler(sampler_name, **opts).options.validate(card.get("vocab_size"))
