@@ -8,6 +8,17 @@ def _fresh(model, cond, tokens):
     return model.decode(tokens, torch.arange(1, 1 + tokens.shape[1]), cache), cache
 
 
+def _masked(model, cond, tokens, edit=None):
+    """Prefill, then decode ``tokens`` at positions 1.. with an explicit causal mask (``edit`` may change it)."""
+    cache = model.new_cache(cond.shape[0])
+    model.prefill(cond, cache)
+    pos = torch.arange(1, 1 + tokens.shape[1])
+    mask = (torch.arange(cache.max_len)[None] <= pos[:, None]).clone()
+    if edit is not None:
+        edit(mask)
+    return model.decode(tokens, pos, cache, attn_mask=mask[None, None])
+
+
 def test_rollback_is_free(tiny_gpt):
     """Write 6 tokens, roll back to 3 and write different ones: same logits as a fresh cache."""
     torch.manual_seed(0)
@@ -27,11 +38,7 @@ def test_explicit_mask_equals_default_causal(tiny_gpt):
     toks = torch.randint(0, 32, (1, 5))
     with torch.no_grad():
         ref, _ = _fresh(tiny_gpt, cond, toks)
-        cache = tiny_gpt.new_cache(1)
-        tiny_gpt.prefill(cond, cache)
-        pos = torch.arange(1, 6)
-        mask = (torch.arange(cache.max_len)[None] <= pos[:, None])[None, None]
-        out = tiny_gpt.decode(toks, pos, cache, attn_mask=mask)
+        out = _masked(tiny_gpt, cond, toks)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
@@ -40,14 +47,12 @@ def test_custom_mask_changes_what_a_token_sees(tiny_gpt):
     torch.manual_seed(2)
     cond = torch.tensor([3])
     toks = torch.randint(0, 32, (1, 4))
+    def hide(mask):
+        mask[3, 2] = False  # query at position 4 (token 3) cannot see position 2 (token 1)
+
     with torch.no_grad():
         ref, _ = _fresh(tiny_gpt, cond, toks)
-        cache = tiny_gpt.new_cache(1)
-        tiny_gpt.prefill(cond, cache)
-        pos = torch.arange(1, 5)
-        mask = (torch.arange(cache.max_len)[None] <= pos[:, None]).clone()
-        mask[3, 2] = False  # query at position 4 (token 3) cannot see position 2 (token 1)
-        out = tiny_gpt.decode(toks, pos, cache, attn_mask=mask[None, None])
+        out = _masked(tiny_gpt, cond, toks, hide)
     torch.testing.assert_close(out[:, :3], ref[:, :3], atol=1e-5, rtol=0)
     assert (out[:, 3] - ref[:, 3]).abs().max() > 1e-3
 

@@ -44,17 +44,12 @@ def sample(cfg: DictConfig):
     from tqdm.auto import tqdm
 
     from vgen.io import atomic_write_json, make_grid, save_png
-    from vgen.pipeline import Pipeline, read_card
-    from vgen.samplers import get_sampler
+    from vgen.pipeline import Pipeline, read_card, resolve_sampler
 
     name = cfg.model.path or cfg.model.name
     card = read_card(name)
     sampler_name = cfg.sampler.name
-    opts = {**{k: v for k, v in (card.get("sampling") or {}).items()}, **_options(cfg.sampler)}
-    s = get_sampler(sampler_name)  # unknown sampler -> clear error
-    fields = {f.name for f in dataclasses.fields(s.Options)}
-    opts = {k: v for k, v in opts.items() if k in fields}
-    get_sampler(sampler_name, **opts).options.validate(card.get("vocab_size"))
+    opts = dataclasses.asdict(resolve_sampler(card, sampler_name, card.get("vocab_size"), **_options(cfg.sampler)).options)
     labels = _labels(cfg, int(card["num_classes"]))
 
     pipe = Pipeline.from_pretrained(name, device=cfg.device)

@@ -47,6 +47,23 @@ def read_card(name_or_path: str) -> dict:
     return card
 
 
+def card_sampling_defaults(card: dict, sampler: str) -> dict:
+    """A card's recommended options, restricted to what ``sampler`` accepts (unknown sampler: clear error)."""
+    from vgen.samplers import get_sampler
+    fields = {f.name for f in dataclasses.fields(get_sampler(sampler).Options)}
+    return {k: v for k, v in (card.get("sampling") or {}).items() if k in fields}
+
+
+def resolve_sampler(card: dict, sampler: str, vocab_size: int | None, **options):
+    """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, validated.
+    Needs only the card, so callers can check their input before any weights are loaded."""
+    from vgen.samplers import get_sampler
+    opts = {**card_sampling_defaults(card, sampler), **{k: v for k, v in options.items() if v is not None}}
+    s = get_sampler(sampler, **opts)
+    s.options.validate(vocab_size)
+    return s
+
+
 @dataclass
 class Generation:
     images: torch.Tensor  # uint8 (N, 3, H, W)
@@ -85,16 +102,10 @@ class Pipeline:
 
     def sampling_defaults(self, sampler: str) -> dict:
         """The card's recommended options, restricted to what ``sampler`` accepts."""
-        from vgen.samplers import get_sampler
-        fields = {f.name for f in dataclasses.fields(get_sampler(sampler).Options)}
-        return {k: v for k, v in (self.card.get("sampling") or {}).items() if k in fields}
+        return card_sampling_defaults(self.card, sampler)
 
     def make_sampler(self, sampler: str = "ar", **options):
-        from vgen.samplers import get_sampler
-        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
-        s = get_sampler(sampler, **opts)
-        s.options.validate(self.model.vocab_size)
-        return s
+        return resolve_sampler(self.card, sampler, self.model.vocab_size, **options)
 
     def check_labels(self, labels) -> torch.Tensor:
         from vgen.samplers import as_cond

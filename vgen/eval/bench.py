@@ -62,11 +62,13 @@ def run_bench(cfg) -> dict:
             llamagen_generate(pipe.model, cond, cfg_scale=o.get("cfg_scale", 1.0), cfg_interval=o.get("cfg_interval", -1),
                               temperature=o.get("temperature", 1.0), top_k=o.get("top_k", 0), top_p=o.get("top_p", 1.0))
             sec = time.perf_counter() - t0
-            L = pipe.model.seq_len
-            cache = pipe.model.new_cache(2 * b if o.get("cfg_scale", 1.0) > 1.0 else b,
-                                         max_len=pipe.model.cond_len + L + (-(pipe.model.cond_len + L)) % 8)
-            return {"seconds": sec, "forward_passes": L, "tokens": b * L, "kv_cache_bytes": cache.nbytes,
-                    "accepted_per_step": 1.0}
+            from vgen.kernels import KVCache
+            c, L = pipe.model.config, pipe.model.seq_len
+            rows = 2 * b if o.get("cfg_scale", 1.0) > 1.0 else b
+            max_len = c.cls_token_num + L + (-(c.cls_token_num + L)) % 8  # the official loop rounds up to 8
+            kv = KVCache.nbytes_for(c.n_layer, rows, c.n_kv_head or c.n_head, max_len, c.head_dim,
+                                    pipe.model.tok_embeddings.weight.dtype)
+            return {"seconds": sec, "forward_passes": L, "tokens": b * L, "kv_cache_bytes": kv, "accepted_per_step": 1.0}
         sampler = pipe.make_sampler(s, **{**opts_all, "compile": cfg.compile})
         _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(b)])
         return st

@@ -26,6 +26,12 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
+    @staticmethod
+    def nbytes_for(n_layer: int, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+                   dtype: torch.dtype = torch.float32) -> int:
+        """What a cache of this shape holds, without allocating it."""
+        return 2 * n_layer * batch_size * n_kv_head * max_len * head_dim * torch.empty((), dtype=dtype).element_size()
+
     def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, H, S, D) at ``input_pos`` ((S,) or (B, S)); return this layer's full K, V."""
         kc, vc = self.k[layer], self.v[layer]
