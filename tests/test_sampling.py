@@ -1,9 +1,7 @@
 """The AR sampler and sampling kernels: exact distributions, batch invariance, seeds, options."""
-import itertools
-
-import numpy as np
 import pytest
 import torch
+from exact import chi2_p, counts_of, exact_joint
 from scipy import stats
 
 from vgen.errors import VGenError
@@ -41,58 +39,17 @@ def test_uniforms_depend_only_on_seed():
     assert torch.equal(a[2], b[0])
 
 
-def _exact_joint(model, label, cfg, **opts):
-    """Enumerate P(x) for every token sequence of a tiny model under the sampler's target distribution."""
-    V, L = model.vocab_size, model.seq_len
-    seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))
-    with torch.no_grad():
-        cond = torch.full((len(seqs),), label)
-        lc = model(seqs, cond)
-        lu = model(seqs, model.null_cond(cond))
-        logits = lu + cfg * (lc - lu)
-        p = filter_probs(logits, **opts)
-        joint = p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)
-    return seqs, joint
-
-
-def _counts(tokens, V):
-    idx = torch.zeros(len(tokens), dtype=torch.long)
-    for t in range(tokens.shape[1]):
-        idx = idx * V + tokens[:, t]
-    return torch.bincount(idx, minlength=V ** tokens.shape[1]).numpy()
-
-
-def _chi2_p(counts, probs):
-    n = counts.sum()
-    exp = probs * n
-    keep = exp >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    e = np.append(exp[keep], exp[~keep].sum())
-    mask = e > 0
-    return stats.chisquare(obs[mask], e[mask] * obs[mask].sum() / e[mask].sum()).pvalue
-
-
-@pytest.fixture
-def micro_gpt():
-    """vocab 4, 2x2 grid: 256 possible images, exact distribution enumerable."""
-    from vgen.models import build
-    torch.manual_seed(3)
-    m = build("gpt", dim=32, n_layer=2, n_head=2, vocab_size=4, num_classes=3, block_size=4)
-    torch.nn.init.normal_(m.output.weight, std=0.8)
-    return m.eval()
-
-
 def test_ar_matches_exact_distribution_with_cfg_and_top_k(micro_gpt):
     opts = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
-    seqs, joint = _exact_joint(micro_gpt, 1, 2.0, top_k=3, temperature=0.9)
+    seqs, joint = exact_joint(micro_gpt, 1, 2.0, top_k=3, temperature=0.9)
     assert abs(float(joint.sum()) - 1) < 1e-4
     n = 20_000
     tokens, st = sample(micro_gpt, [1] * n, "ar", seed=0, **opts)
-    counts = _counts(tokens, 4)
-    assert _chi2_p(counts, joint.numpy()) > 1e-3
+    counts = counts_of(tokens, 4)
+    assert chi2_p(counts, joint.numpy()) > 1e-3
     # power: the same samples clearly reject the distribution without guidance
-    _, wrong = _exact_joint(micro_gpt, 1, 1.0, top_k=3, temperature=0.9)
-    assert _chi2_p(counts, wrong.numpy()) < 1e-6
+    _, wrong = exact_joint(micro_gpt, 1, 1.0, top_k=3, temperature=0.9)
+    assert chi2_p(counts, wrong.numpy()) < 1e-6
     # tokens outside the top-k support never appear
     assert counts[joint.numpy() == 0].sum() == 0
 

@@ -78,6 +78,9 @@ def sample(cfg: DictConfig):
         "kv_cache_bytes": max(s["kv_cache_bytes"] for s in stats_all),
         "nll": sum(s["nll"] * s["num_samples"] for s in stats_all) / len(labels),
     }
+    for key in ("accepted_per_step", "acceptance_rate"):  # per-sample means (speculative samplers)
+        if all(key in s for s in stats_all):
+            summary[key] = sum(s[key] * s["num_samples"] for s in stats_all) / len(labels)
     summary["ms_per_token"] = 1e3 * summary["seconds"] / summary["tokens"]
     atomic_write_json(out / "stats.json", summary)
     print(f"wrote {len(labels)} images, grid.png and stats.json to {out} "

@@ -71,6 +71,7 @@ class Generation:
     labels: torch.Tensor  # (N,)
     seeds: list[int]
     stats: dict = field(default_factory=dict)
+    step_map: torch.Tensor | None = None  # (N, L): forward pass at which each token was decided (0 = prefill)
 
 
 class Pipeline:
@@ -132,11 +133,14 @@ class Pipeline:
         n = cond.shape[0]
         bs = batch_size or n
         t0 = time.perf_counter()
-        toks, agg = [], {}
+        toks, maps, agg = [], [], {}
+        codebook = self.tokenizer.codebook() if s.needs_codebook else None
         for i in range(0, n, bs):
             c = cond[i:i + bs].to(self.device)
-            t, st = s(self.model, c, [seed + j for j in range(i, min(i + bs, n))], progress=progress)
+            t, st = s(self.model, c, [seed + j for j in range(i, min(i + bs, n))], progress=progress,
+                      codebook=codebook)
             toks.append(t)
+            maps.append(st.pop("step_map", None))
             for k, v in st.items():
                 if isinstance(v, (int, float)):
                     agg.setdefault(k, []).append((v, c.shape[0]))
@@ -153,7 +157,8 @@ class Pipeline:
                 stats[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats)
+        step_map = torch.cat(maps).cpu() if all(m is not None for m in maps) else None
+        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats, step_map)
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:

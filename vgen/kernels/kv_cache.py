@@ -21,6 +21,7 @@ class KVCache:
         self.batch_size = batch_size
         # key slot index, used to build position-based masks without allocating per step
         self.slots = torch.arange(max_len, device=device)
+        self.rows = torch.arange(batch_size, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -39,9 +40,9 @@ class KVCache:
             kc[:, :, input_pos] = k  # index_put_: reinplaced by inductor, no whole-cache copy
             vc[:, :, input_pos] = v
         else:
-            idx = input_pos[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-            kc.scatter_(2, idx, k)
-            vc.scatter_(2, idx, v)
+            b = self.rows[: k.shape[0], None]  # (B, 1) with input_pos (B, S): index_put_, also reinplaced
+            kc[b, :, input_pos] = k.transpose(1, 2)
+            vc[b, :, input_pos] = v.transpose(1, 2)
         return kc, vc
 
     def causal_mask(self, input_pos: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ class ARSampler(Sampler):
     name = "ar"
     Options = SamplingOptions
 
-    def _sample(self, model, cond, seeds, progress):
+    def _sample(self, model, cond, seeds, progress, codebook=None):
         o = self.options
         t0 = time.perf_counter()
         B, L, dev = cond.shape[0], model.seq_len, cond.device
@@ -40,5 +40,6 @@ class ARSampler(Sampler):
             tokens[:, t], logp[:, t] = tok, lp
         nll = float(-logp.mean())
         stats = {"forward_passes": L, "tokens": B * L, "seconds": time.perf_counter() - t0,
-                 "kv_cache_bytes": cache.nbytes, "nll": nll, "accepted_per_step": 1.0}
+                 "kv_cache_bytes": cache.nbytes, "nll": nll, "accepted_per_step": 1.0,
+                 "step_map": torch.arange(L, device=dev).expand(B, L).clone()}
         return tokens, stats

@@ -6,6 +6,13 @@ A sampler drives any model with the small interface below and never knows its fa
   ``grid`` (h, w)
 * ``null_cond(cond)``, ``new_cache(batch_size)``
 * ``prefill(cond, cache) -> logits (B, V)``, ``decode(tokens, input_pos, cache, attn_mask=None) -> (B, S, V)``
+
+Samplers that relax acceptance by token similarity (GSD, LANTERN) also take the tokenizer's ``codebook``
+(V, d); the model itself stays unaware of the tokenizer.
+
+A sampler returns ``(tokens (B, seq_len), stats)``: ``stats`` holds numbers (forward_passes, tokens, seconds,
+kv_cache_bytes, nll, accepted_per_step, ...) and ``step_map``, a (B, seq_len) tensor with the forward pass
+(0 = prefill) at which each token was decided.
 """
 from __future__ import annotations
 
@@ -57,6 +64,7 @@ class Sampler:
 
     name: str = ""
     Options: type = SamplingOptions
+    needs_codebook: bool = False  # acceptance uses token similarity in the tokenizer's codebook
 
     def __init__(self, **options):
         fields = {f.name for f in dataclasses.fields(self.Options)}
@@ -75,11 +83,23 @@ class Sampler:
                                 f"0..{model.num_classes - 1}")
 
     @torch.inference_mode()
-    def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False):
+    def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False,
+                 codebook: torch.Tensor | None = None):
         self.validate(model, cond)
+        if len(seeds) != cond.shape[0]:
+            raise VGenError(f"got {len(seeds)} seeds for {cond.shape[0]} conditions: give one seed per sample")
+        if self.needs_codebook:
+            if codebook is None:
+                raise VGenError(f"sampler {self.name!r} measures token similarity in the tokenizer's codebook: pass "
+                                "codebook=tokenizer.codebook() (a Pipeline does this for you)")
+            if codebook.dim() != 2 or codebook.shape[0] < model.vocab_size:
+                raise VGenError(f"codebook of shape {tuple(codebook.shape)} does not cover the model's "
+                                f"{model.vocab_size} image tokens: pass the (vocab_size, dim) codebook of the "
+                                "tokenizer this model was trained with")
+            return self._sample(model, cond, list(seeds), progress, codebook=codebook[: model.vocab_size])
         return self._sample(model, cond, list(seeds), progress)
 
-    def _sample(self, model, cond, seeds, progress):  # pragma: no cover - abstract
+    def _sample(self, model, cond, seeds, progress, codebook=None):  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -109,11 +129,12 @@ def as_cond(labels, device=None) -> torch.Tensor:
     return t.to(device) if device is not None else t
 
 
-def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False, **options):
+def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
+           codebook: torch.Tensor | None = None, **options):
     """Sample image tokens: returns ``(tokens (N, seq_len) int64, stats dict)``.
 
     Sample i uses seed ``seed + i``: it is identical to running it alone with that seed."""
     s = get_sampler(sampler, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)
-    return s(model, cond, [seed + i for i in range(cond.shape[0])], progress)
+    return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook)

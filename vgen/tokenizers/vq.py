@@ -227,6 +227,11 @@ class VQModel(nn.Module):
     def codebook_size(self) -> int:
         return self.config.codebook_size
 
+    def codebook(self) -> torch.Tensor:
+        """The (codebook_size, e_dim) vectors codes decode from (l2-normalised when ``codebook_l2_norm``):
+        the latent space where GSD and LANTERN measure how similar two tokens are."""
+        return self.quantize.codebook().detach()
+
     def encode_latent(self, x: torch.Tensor) -> torch.Tensor:
         """Images in [-1, 1] (B, 3, H, W) -> continuous pre-quantisation latents (B, e_dim, h, w)."""
         return self.quant_conv(self.encoder(x))

@@ -1,0 +1,188 @@
+"""Speculative samplers (SJD, GSD, LANTERN): exactness, drift, ragged batches, options, API and CLI."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from exact import chi2_p, conditional_tv, counts_of, exact_joint, tv
+
+from vgen.errors import VGenError
+from vgen.kernels.neighbours import latent_neighbours
+from vgen.kernels.sampling import sample_from_probs
+from vgen.kernels.verify import correction
+from vgen.samplers import sample
+from vgen.samplers.lantern import lantern_rule
+from vgen.samplers.speculative import INITS
+
+OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
+N = 20_000
+
+
+def _codebook(V, seed=0):
+    return F.normalize(torch.randn(V, 8, generator=torch.Generator().manual_seed(seed)), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def micro(micro_gpt):
+    _, joint = exact_joint(micro_gpt, 1, 2.0, top_k=3, temperature=0.9)
+    _, unguided = exact_joint(micro_gpt, 1, 1.0, top_k=3, temperature=0.9)
+    return micro_gpt, joint.numpy(), unguided.numpy()
+
+
+@pytest.mark.parametrize("init,window,fresh_q", [(i, 3, "proposal") for i in INITS]
+                         + [("random", 2, "onehot"), ("sample", 6, "onehot")])
+def test_sjd_matches_exact_distribution(micro, init, window, fresh_q):
+    """Lossless: 20k batched SJD samples follow the enumerated joint (CFG, top-k, temperature on); the same
+    counts reject the unguided distribution (power), and no zero-probability image ever appears."""
+    m, joint, unguided = micro
+    tokens, st = sample(m, [1] * N, "sjd", seed=0, window=window, init=init, fresh_q=fresh_q, **OPTS)
+    counts = counts_of(tokens, 4)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, unguided) < 1e-6
+    assert counts[joint == 0].sum() == 0
+    assert st["accepted_per_step"] > 1.0 and 0 < st["acceptance_rate"] <= 1
+
+
+def test_sjd_exact_on_a_3x3_grid_with_vertical_drafts():
+    from vgen.models import build
+    torch.manual_seed(5)
+    m = build("gpt", dim=16, n_layer=1, n_head=2, vocab_size=3, num_classes=2, block_size=9).eval()
+    torch.nn.init.normal_(m.output.weight, std=1.0)
+    opts = dict(cfg_scale=1.5, top_k=2)
+    _, joint = exact_joint(m, 0, 1.5, top_k=2)
+    _, wrong = exact_joint(m, 0, 1.0, top_k=2)
+    tokens, st = sample(m, [0] * 20_000, "sjd", seed=1, window=4, init="vertical", **opts)
+    counts = counts_of(tokens, 3)
+    assert chi2_p(counts, joint.numpy()) > 1e-3
+    assert chi2_p(counts, wrong.numpy()) < 1e-6
+    assert st["accepted_per_step"] > 1.0
+
+
+def test_relaxed_samplers_report_drift_and_stay_in_support(micro, capsys):
+    """GSD and LANTERN are not lossless: measure their distance from the exact distribution. LANTERN's
+    per-token drift stays within delta; neither emits an image the target gives zero probability."""
+    m, joint, _ = micro
+    cb = _codebook(4)
+    sjd_tokens, _ = sample(m, [1] * N, "sjd", seed=0, window=3, **OPTS)
+    base = tv(counts_of(sjd_tokens, 4), joint)  # sampling noise floor at this N
+    report = {"sjd": base}
+    for name, extra in [("gsd", dict(d_threshold=4.0)), ("lantern", dict(delta=0.2))]:
+        tokens, st = sample(m, [1] * N, name, seed=0, window=3, codebook=cb, **extra, **OPTS)
+        counts = counts_of(tokens, 4)
+        assert counts[joint == 0].sum() == 0
+        report[name] = tv(counts, joint)
+        assert report[name] > base  # the relaxation really moves mass ...
+        if name == "lantern":
+            mean_tv, worst = conditional_tv(m, tokens, 1, 2.0, top_k=3, temperature=0.9)
+            report["lantern_per_token_mean"], report["lantern_per_token_max"] = mean_tv, worst
+            assert mean_tv <= 0.2 + 0.02  # ... within its budget per token (+ sampling noise)
+    with capsys.disabled():
+        print("\njoint TV from exact (20k samples):", {k: round(v, 4) for k, v in report.items()})
+
+
+def _naive_lantern(p, q, x, px, qx, nbr, *, delta, lam):
+    cs = p.gather(-1, nbr[x]).cumsum(-1)
+    moved = (cs * (cs <= delta)).amax(-1)
+    return ((px + moved) / qx).clamp_max(1.0)
+
+
+@pytest.mark.parametrize("rule,bounded", [(lantern_rule, True), (_naive_lantern, False)])
+def test_lantern_keeps_each_token_within_delta_for_any_draft_distribution(rule, bounded):
+    """One verification step, 400k times: the output distribution of a token stays within TV delta of p
+    even for a full (non one-hot) draft distribution q; the uncapped rule overshoots here."""
+    delta, n = 0.1, 400_000
+    p = torch.tensor([0.45, 0.45, 0.025, 0.025, 0.025, 0.025, 0.0, 0.0])
+    q = torch.full((8,), 1 / 8)
+    nbr = torch.tensor([[1, 2, 3, 4], [0, 2, 3, 4], [3, 4, 5, 0], [4, 5, 2, 0],
+                        [5, 2, 3, 0], [2, 3, 4, 0], [7, 0, 1, 2], [6, 0, 1, 2]])
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(n, 3, generator=g)
+    P, Q = p.expand(n, 1, 8), q.expand(n, 1, 8)
+    x = sample_from_probs(Q[:, 0], u[:, 0])[:, None]
+    px, qx = p[x], q[x]
+    a = rule(P, Q, x, px, qx, nbr, delta=delta, lam=0.0)
+    a = torch.where(px > 0, a, torch.zeros_like(a))
+    k = (u[:, 1:2] < a).long().sum(1)
+    fix = correction(torch.cat([P, P], 1), Q, k, u[:, 2])
+    out = torch.where(k == 1, x[:, 0], fix)
+    d = tv(np.bincount(out.numpy(), minlength=8), p.numpy())
+    assert (p[out] > 0).all()
+    if bounded:
+        assert d <= delta + 0.005
+    else:
+        assert d > delta + 0.05
+
+
+def test_latent_neighbours_are_nearest_others_and_cached():
+    cb = _codebook(50, seed=2)
+    nbr = latent_neighbours(cb, 7)
+    d = torch.cdist(cb, cb)
+    d.fill_diagonal_(float("inf"))
+    assert torch.equal(nbr, d.topk(7, largest=False).indices)
+    assert latent_neighbours(cb.clone(), 7) is nbr  # keyed by content
+    assert latent_neighbours(cb, 500).shape == (50, 49)  # k clipped to V - 1
+
+
+@pytest.mark.parametrize("name", ["sjd", "gsd", "lantern"])
+def test_batch_invariance_ragged_progress_and_step_map(tiny_gpt, name):
+    labels = [0, 1, 2, 3, 1]
+    kw = dict(window=4, init="vertical", cfg_scale=2.0, top_k=10, codebook=_codebook(32))
+    batch, st = sample(tiny_gpt, labels, name, seed=7, **kw)
+    for i, lab in enumerate(labels):
+        alone, _ = sample(tiny_gpt, [lab], name, seed=7 + i, **kw)
+        assert torch.equal(alone[0], batch[i])
+    smap = st["step_map"]
+    L = tiny_gpt.seq_len
+    assert smap.shape == (5, L) and (smap[:, 0] == 0).all()
+    assert (smap[:, 1:] >= smap[:, :-1]).all()  # decided in raster order
+    passes = smap[:, -1] + 1  # each sample's own number of passes
+    assert int(passes.max()) == st["forward_passes"]
+    assert st["accepted_per_step"] == pytest.approx(float((L / passes.double()).mean()))
+    # several tokens per pass, at per-sample positions
+    assert int(passes.min()) < L and len(set(passes.tolist())) >= 1
+
+
+def test_window_covers_the_whole_image(tiny_gpt):
+    """A window longer than what is left (or than the image) never writes past the end."""
+    a, st = sample(tiny_gpt, [0, 1], "sjd", seed=3, window=40, top_k=10)
+    assert a.shape == (2, 16) and a.max() < 32 and st["forward_passes"] <= 16
+
+
+@pytest.mark.parametrize("name,opts,match", [
+    ("sjd", dict(window=1), "window"), ("sjd", dict(init="diagonal"), "init must be one of"),
+    ("sjd", dict(fresh_q="x"), "fresh_q"), ("gsd", dict(group_size=0), "group_size"),
+    ("lantern", dict(delta=1.5), "delta"), ("lantern", dict(lam=0.5), "lam"), ("lantern", dict(k=0), "k must"),
+])
+def test_bad_options_fail_before_work(tiny_gpt, name, opts, match):
+    with pytest.raises(VGenError, match=match):
+        sample(tiny_gpt, [0], name, codebook=_codebook(32), **opts)
+
+
+def test_codebook_required_and_checked(tiny_gpt):
+    with pytest.raises(VGenError, match="codebook=tokenizer.codebook"):
+        sample(tiny_gpt, [0], "lantern")
+    with pytest.raises(VGenError, match="does not cover"):
+        sample(tiny_gpt, [0], "gsd", codebook=_codebook(8))
+
+
+def test_pipeline_passes_the_codebook_and_returns_step_maps(tiny_pipeline):
+    from vgen import load_pipeline
+    pipe = load_pipeline(str(tiny_pipeline))
+    for name in ("gsd", "lantern", "sjd", "ar"):
+        gen = pipe.generate([0, 2, 3], sampler=name, seed=1, batch_size=2)
+        assert gen.images.shape[:2] == (3, 3) and gen.step_map.shape == (3, 16)
+        assert "step_map" not in gen.stats
+
+
+def test_cli_runs_speculative_samplers(tiny_pipeline, tmp_path):
+    for name, extra in [("sjd", ["sampler.init=vertical", "sampler.window=5"]), ("lantern", ["sampler.delta=0.2"])]:
+        out = tmp_path / name
+        r = subprocess.run([sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", f"sampler={name}",
+                            *extra, "num_samples=3", f"outdir={out}", "progress=false"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        st = json.loads((out / "stats.json").read_text())
+        assert st["sampler"] == name and st["accepted_per_step"] > 1 and st["forward_passes"] < 16

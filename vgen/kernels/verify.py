@@ -1,0 +1,47 @@
+"""Vectorised speculative verification: everything one Jacobi-window step needs after the forward pass,
+for a whole batch at once (each sample at its own position), with no Python loop over tokens or samples.
+
+Shapes: B samples, a window of W positions (the last accepted token plus W-1 drafts), vocabulary V.
+"""
+from __future__ import annotations
+
+import torch
+
+from vgen.kernels.sampling import filter_probs, sample_from_probs
+
+
+def window_target(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
+                  temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The target distribution at every window position, exactly as the AR sampler builds it.
+
+    logits (rows, W, V) with rows = [cond; uncond] under CFG; ``token_index`` (B, W) is the image-token index
+    each position predicts (guidance applies to token t when cfg_interval < 0 or t <= cfg_interval + 1)."""
+    if cfg:
+        cond, uncond = logits.chunk(2, dim=0)
+        guided = uncond + (cond - uncond) * cfg_scale
+        logits = guided if cfg_interval < 0 else torch.where((token_index <= cfg_interval + 1)[..., None], guided, cond)
+    return filter_probs(logits, temperature, top_k, top_p)
+
+
+def leading_accepts(u: torch.Tensor, accept_prob: torch.Tensor) -> torch.Tensor:
+    """Per row, how many drafts pass before the first rejection: (B, W-1) -> (B,)."""
+    return (u < accept_prob).to(torch.int64).cumprod(1).sum(1)
+
+
+def correction(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token decided at window offset ``k`` (B,): drawn from norm(max(0, p_k - q_k)) after a rejection;
+    when every draft passed, q_k is all zero and this is the bonus token drawn from p_k.
+
+    p (B, W, V) target; q (B, W-1, V) draft distributions; u (B,) uniforms."""
+    B, W, V = p.shape
+    q = torch.cat([q, q.new_zeros(B, 1, V)], dim=1)
+    at = k[:, None, None].expand(B, 1, V)
+    pk, qk = p.gather(1, at).squeeze(1), q.gather(1, at).squeeze(1)
+    r = (pk - qk).clamp_min(0)
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, pk)  # p == q to rounding: nothing to correct
+    return sample_from_probs(r, u)
+
+
+def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (B, N, V), idx (B, M) -> (B, M, V)."""
+    return x.gather(1, idx[..., None].expand(*idx.shape, x.shape[-1]))

@@ -1,0 +1,204 @@
+"""The speculative core shared by SJD, GSD and LANTERN: Jacobi-window decoding with a pluggable acceptance rule.
+
+Each forward pass feeds, for every sample, its last accepted token and ``window - 1`` draft tokens at that
+sample's own positions (ragged batches: no sample waits for another). From the target distribution p at each
+position (CFG-guided, temperature-scaled, top-k/top-p-truncated, exactly as the AR sampler's) the rule gives
+each draft x an acceptance probability a(x); drafts pass left to right until the first rejection, which is
+replaced by a draw from norm(max(0, p - q)) (or, when all pass, a bonus token is drawn from p). Positions after
+the rejection keep a fresh Jacobi sample from p as their next draft, with that p as its draft distribution q;
+new positions at the end of the window get drafts from ``init``. The KV cache needs no rollback work: slots
+are positions, and the next pass overwrites the slots past the accepted prefix.
+
+Rule contract: ``rule(p, q, x, px, qx, *args, **kw) -> a`` on (B, W-1, V) targets p and draft distributions
+q, drafts x (B, W-1) with px = p(x), qx = q(x). The core forces a = 0 where p(x) = 0 (a token outside the
+target's top-k/top-p support is never emitted) and past the end of the image.
+
+* SJD: a = min(1, p(x) / q(x)): lossless.
+* GSD: sums of p and q over a group of similar tokens: not lossless, drift reported.
+* LANTERN: p(x) plus nearby-token mass in the numerator, bounded so the per-token total-variation drift is
+  at most ``delta``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from vgen.errors import VGenError
+from vgen.kernels.decode import compiled
+from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
+from vgen.kernels.verify import correction, gather_rows, leading_accepts, window_target
+from vgen.samplers.base import Sampler, SamplingOptions
+
+INITS = ("random", "horizontal", "vertical", "sample")
+FRESH_Q = ("proposal", "onehot")
+
+
+@dataclass
+class SpeculativeOptions(SamplingOptions):
+    """``window``: tokens per forward pass (the last accepted one plus window-1 drafts).
+    ``init``: drafts for new positions: ``random`` (uniform over the image vocabulary), ``horizontal`` (copy
+    the token to the left), ``vertical`` (copy the token above in the 2D grid; left in the first row),
+    ``sample`` (draw from the target distribution at the window's last position).
+    ``fresh_q``: the draft distribution q used to verify those drafts: ``proposal`` (what they were really
+    drawn from: uniform for random, the sampled distribution for sample; copies are deterministic, so
+    one-hot) or ``onehot`` (one-hot on the draft, as the official SJD code does). Both are lossless; the
+    proposal accepts more."""
+    window: int = 16
+    init: str = "random"
+    fresh_q: str = "proposal"
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        super().validate(vocab_size)
+        if self.window < 2:
+            raise VGenError(f"window must be >= 2 (the last accepted token plus at least one draft), got {self.window}")
+        if self.init not in INITS:
+            raise VGenError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
+        if self.fresh_q not in FRESH_Q:
+            raise VGenError(f"fresh_q must be one of {', '.join(FRESH_Q)}, got {self.fresh_q!r}")
+
+
+def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor, u: torch.Tensor, *, init: str,
+                 fresh_q: str, grid_w: int):
+    """Drafts for the D = u.shape[1] positions after ``last`` (B,), and their draft distributions (B, D, V).
+
+    ``tokens`` holds the current token (accepted or draft) at every position up to ``last``; ``p_last`` (B, V) is
+    the target distribution at ``last``."""
+    B, D = u.shape
+    V = p_last.shape[-1]
+    off = torch.arange(1, D + 1, device=u.device)
+    if init == "random":
+        f = (u * V).long().clamp_max(V - 1)
+        if fresh_q == "proposal":
+            return f, p_last.new_full((B, D, V), 1.0 / V)
+    elif init == "sample":
+        dist = p_last[:, None].expand(B, D, V)
+        f = sample_from_probs(dist, u)
+        if fresh_q == "proposal":
+            return f, dist
+    else:
+        if init == "horizontal":
+            src = last[:, None].expand(B, D)
+        else:  # vertical: the nearest token straight above that is already placed
+            t = last[:, None] + off
+            src = t - ((off + grid_w - 1) // grid_w) * grid_w
+            src = torch.where(src >= 0, src, last[:, None])  # first row: nothing above, copy the left neighbour
+        f = tokens.gather(1, src)
+    return f, F.one_hot(f, V).to(p_last.dtype)
+
+
+def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: int, W: int, grid_w: int, cfg: bool,
+              cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float, init: str,
+              fresh_q: str, rule, rule_args: tuple, rule_kw: dict):
+    """One forward pass + vectorised verification for every sample. State (per sample b):
+    tokens[b, :n[b]] accepted, tokens[b, n[b]:n[b]+W-1] drafts with distributions qwin[b] (W-1, V)."""
+    ar = torch.arange(W, device=n.device)
+    idx = n[:, None] - 1 + ar  # the last accepted token, then the drafts
+    inp = tokens.gather(1, idx)
+    pos = model.cond_len + idx.clamp_max(L - 1)  # past the end: junk rows, parked on a slot no real query reads
+    if cfg:
+        inp, pos = torch.cat([inp, inp]), torch.cat([pos, pos])
+    logits = model.decode(inp, pos, cache)
+    p = window_target(logits, n[:, None] + ar, cfg, cfg_scale, cfg_interval, temperature, top_k, top_p)  # (B, W, V)
+
+    didx = n[:, None] + ar[:-1]
+    x = tokens.gather(1, didx)
+    pd = p[:, :-1]
+    px = pd.gather(-1, x[..., None]).squeeze(-1)
+    qx = qwin.gather(-1, x[..., None]).squeeze(-1)
+    a = rule(pd, qwin, x, px, qx, *rule_args, **rule_kw)
+    a = torch.where((px > 0) & (didx < L), a, torch.zeros_like(a))
+    ua, ur, uj, uf = u.split([W - 1, 1, W, W - 1], dim=1)
+    k = leading_accepts(ua, a)  # drafts accepted (B,)
+    tok_k = correction(p, qwin, k, ur[:, 0])
+    y = sample_from_probs(p, uj)  # Jacobi update at every position: next drafts after the rejection
+    kk = k[:, None]
+    cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+    lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
+
+    widx = n[:, None] + ar
+    tokens = tokens.scatter(1, widx, cand)
+    logp = logp.scatter(1, widx, lp)  # positions past n+k are rewritten when they are decided
+    smap = smap.scatter(1, widx, it.expand_as(widx))
+    last = n + W - 1
+    f, fq = fresh_drafts(tokens, last, p[:, -1], uf, init=init, fresh_q=fresh_q, grid_w=grid_w)
+    tokens = tokens.scatter(1, last[:, None] + 1 + ar[:-1], f)
+    qwin = gather_rows(torch.cat([p, fq], 1), kk + 1 + ar[:-1])
+
+    active = n < L
+    left = L - n
+    emitted = torch.where(active, torch.minimum(k + 1, left), 0)
+    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), torch.full_like(k, W - 1)), 0)
+    accepted = torch.where(active, torch.minimum(k, left), 0)
+    counts = counts + torch.stack([active.long(), checked, accepted], 1)
+    return tokens, n + emitted, qwin, logp, smap, counts
+
+
+class SpeculativeSampler(Sampler):
+    """Base class: subclasses give ``rule`` (a module-level function, see the module docstring) and
+    ``rule_inputs`` (the tensors and constants it needs, e.g. tables built from the codebook)."""
+
+    Options = SpeculativeOptions
+    rule = None
+
+    def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
+        return (), {}
+
+    def _sample(self, model, cond, seeds, progress, codebook=None):
+        o = self.options
+        t0 = time.perf_counter()
+        B, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
+        grid_w = model.grid[1]
+        rule_args, rule_kw = self.rule_inputs(model, codebook)
+        cfg = o.guided
+        cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
+        cache = model.new_cache(cond_in.shape[0])
+        u = per_sample_uniforms(seeds, (L, 3 * W - 1), dev, stream=1)
+        kw = dict(L=L, W=W, grid_w=grid_w, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
+                  temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
+                  rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw)
+
+        # prefill: the condition gives token 0; the first window's drafts come from ``init``
+        N = L + 2 * W
+        tokens = torch.zeros((B, N), dtype=torch.long, device=dev)
+        logp = torch.zeros((B, N), dtype=torch.float32, device=dev)
+        smap = torch.zeros((B, N), dtype=torch.long, device=dev)
+        zero = torch.zeros(B, dtype=torch.long, device=dev)
+        p0 = window_target(model.prefill(cond_in, cache)[:, None], zero[:, None], cfg, o.cfg_scale, o.cfg_interval,
+                           o.temperature, o.top_k, o.top_p)[:, 0]
+        _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
+        tokens[:, 0] = sample_from_probs(p0, ur[:, 0])
+        logp[:, 0] = p0.gather(-1, tokens[:, :1]).squeeze(-1).clamp_min(1e-30).log()
+        f, qwin = fresh_drafts(tokens, zero, p0, uf, init=o.init, fresh_q=o.fresh_q, grid_w=grid_w)
+        tokens[:, 1:W] = f
+        qwin = qwin.contiguous()
+        n = torch.ones(B, dtype=torch.long, device=dev)
+        counts = torch.zeros((B, 3), dtype=torch.long, device=dev)
+
+        step = compiled(spec_step) if o.compile else spec_step
+        us = [u[:, i].contiguous() for i in range(L)]
+        its = torch.arange(L, device=dev)
+        it = 0
+        bar = tqdm(total=B * L, disable=not progress, desc=self.name, unit="tok", leave=False)
+        done = B
+        while True:
+            n_done = int(n.sum())
+            bar.update(n_done - done)
+            done = n_done
+            if n_done >= B * L:
+                break
+            it += 1
+            tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, us[it],
+                                                       its[it], **kw)
+        bar.close()
+        passes = counts[:, 0].double() + 1
+        checked, accepted = int(counts[:, 1].sum()), int(counts[:, 2].sum())
+        stats = {"forward_passes": it + 1, "tokens": B * L, "seconds": time.perf_counter() - t0,
+                 "kv_cache_bytes": cache.nbytes, "nll": float(-logp[:, :L].mean()),
+                 "accepted_per_step": float((L / passes).mean()),
+                 "acceptance_rate": accepted / checked if checked else 0.0,
+                 "step_map": smap[:, :L].clone()}
+        return tokens[:, :L].clone(), stats
