@@ -49,8 +49,9 @@ class SampleSchema:
 class BenchSchema:
     model: Any = None
     models: list[str] = field(default_factory=lambda: ["photos-gpt"])
-    samplers: list[str] = field(default_factory=lambda: ["ar"])
+    samplers: list[str] = field(default_factory=lambda: ["ar"])  # "name" or "name:key=value,key=value"
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    num_samples: int = 8  # images per cell and repeat, generated in batches of batch_size
     repeats: int = 3
     seed: int = 0
     baseline: bool = True  # include the official-style LlamaGen generate() loop

@@ -23,55 +23,96 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _cells(models, samplers, batch_sizes, baseline: bool):
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``"sjd:window=4,init=vertical"`` -> ("sjd", {"window": 4, "init": "vertical"}). Values are YAML scalars.
+    (In a Hydra override, quote entries holding ``:``/``=``: ``samplers='[ar,"sjd:window=4"]'``.)"""
+    import yaml
+    name, _, rest = str(spec).partition(":")
+    opts = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise VGenError(f"bad sampler setting {item!r} in {spec!r}: write name:key=value,key=value")
+        opts[k.strip()] = yaml.safe_load(v)
+    return name.strip(), opts
+
+
+def _cells(models, variants, batch_sizes, baseline: bool):
     for m in models:
         for b in batch_sizes:
             if baseline:
                 yield (m, BASELINE, b)
-            for s in samplers:
-                yield (m, s, b)
+            for v in variants:
+                yield (m, v, b)
 
 
 def run_bench(cfg) -> dict:
     from vgen.io import atomic_write_bytes, atomic_write_json
-    from vgen.pipeline import Pipeline, read_card
-    from vgen.samplers import get_sampler
+    from vgen.pipeline import Pipeline, read_card, resolve_sampler
 
     opts_all = OmegaConf.to_container(cfg.options, resolve=True) if cfg.options else {}
-    for s in cfg.samplers:
-        get_sampler(s)  # unknown sampler -> clear error before loading anything
+    variants = [str(v) for v in cfg.samplers]
+    if len(set(variants)) != len(variants):
+        raise VGenError(f"samplers lists a setting twice: {variants}")
+    parsed = {v: parse_variant(v) for v in variants}
     if cfg.repeats < 1:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
+    if cfg.num_samples < 1:
+        raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
     for b in cfg.batch_sizes:
         if b < 1:
             raise VGenError(f"batch sizes must be >= 1, got {b}")
     cards = {m: read_card(m) for m in cfg.models}
+    for m in cfg.models:  # unknown samplers / options -> clear error before loading anything
+        for name, o in parsed.values():
+            resolve_sampler(cards[m], name, cards[m].get("vocab_size"), **{**opts_all, **o})
     pipes = {m: Pipeline.from_pretrained(m, device=cfg.device) for m in cfg.models}
     out = Path(cfg.outdir)
-    cells = list(_cells(cfg.models, list(cfg.samplers), list(cfg.batch_sizes), cfg.baseline))
+    cells = list(_cells(cfg.models, variants, list(cfg.batch_sizes), cfg.baseline))
 
-    def run_cell(m, s, b):
+    def run_cell(m, v, b):
+        """num_samples images (labels i % classes, seeds seed + i) in batches of b."""
         pipe = pipes[m]
-        labels = [i % pipe.num_classes for i in range(b)]
-        cond = torch.tensor(labels, device=pipe.device)
-        if s == BASELINE:
+        n = cfg.num_samples
+        labels = [i % pipe.num_classes for i in range(n)]
+        if v == BASELINE:
             from vgen.eval.reference_loop import llamagen_generate
+            from vgen.kernels import KVCache
             o = {**pipe.sampling_defaults("ar"), **opts_all}
             torch.manual_seed(cfg.seed)
             t0 = time.perf_counter()
-            llamagen_generate(pipe.model, cond, cfg_scale=o.get("cfg_scale", 1.0), cfg_interval=o.get("cfg_interval", -1),
-                              temperature=o.get("temperature", 1.0), top_k=o.get("top_k", 0), top_p=o.get("top_p", 1.0))
+            for i in range(0, n, b):
+                cond = torch.tensor(labels[i:i + b], device=pipe.device)
+                llamagen_generate(pipe.model, cond, cfg_scale=o.get("cfg_scale", 1.0),
+                                  cfg_interval=o.get("cfg_interval", -1), temperature=o.get("temperature", 1.0),
+                                  top_k=o.get("top_k", 0), top_p=o.get("top_p", 1.0))
             sec = time.perf_counter() - t0
-            from vgen.kernels import KVCache
             c, L = pipe.model.config, pipe.model.seq_len
             rows = 2 * b if o.get("cfg_scale", 1.0) > 1.0 else b
             max_len = c.cls_token_num + L + (-(c.cls_token_num + L)) % 8  # the official loop rounds up to 8
             kv = KVCache.nbytes_for(c.n_layer, rows, c.n_kv_head or c.n_head, max_len, c.head_dim,
                                     pipe.model.tok_embeddings.weight.dtype)
-            return {"seconds": sec, "forward_passes": L, "tokens": b * L, "kv_cache_bytes": kv, "accepted_per_step": 1.0}
-        sampler = pipe.make_sampler(s, **{**opts_all, "compile": cfg.compile})
-        _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(b)])
-        return st
+            return {"seconds": sec, "forward_passes": L * -(-n // b), "tokens": n * L, "kv_cache_bytes": kv,
+                    "accepted_per_step": 1.0}
+        name, o = parsed[v]
+        sampler = pipe.make_sampler(name, **{**opts_all, "compile": cfg.compile, **o})
+        codebook = pipe.tokenizer.codebook() if sampler.needs_codebook else None
+        agg = {"seconds": 0.0, "forward_passes": 0, "tokens": 0, "kv_cache_bytes": 0}
+        per_sample = {}
+        for i in range(0, n, b):
+            cond = torch.tensor(labels[i:i + b], device=pipe.device)
+            t0 = time.perf_counter()
+            _, st = sampler(pipe.model, cond, [cfg.seed + j for j in range(i, min(i + b, n))], codebook=codebook)
+            agg["seconds"] += time.perf_counter() - t0
+            agg["forward_passes"] += st["forward_passes"]
+            agg["tokens"] += st["tokens"]
+            agg["kv_cache_bytes"] = max(agg["kv_cache_bytes"], st["kv_cache_bytes"])
+            for k in ("nll", "accepted_per_step", "acceptance_rate"):
+                if k in st:
+                    per_sample.setdefault(k, []).append((st[k], cond.shape[0]))
+        for k, vals in per_sample.items():
+            agg[k] = sum(x * w for x, w in vals) / sum(w for _, w in vals)
+        return agg
 
     results = {c: [] for c in cells}
     warm = {}
@@ -88,20 +129,28 @@ def run_bench(cfg) -> dict:
                 bar.update(1)
 
     rows = []
-    for (m, s, b), runs in results.items():
+    for (m, v, b), runs in results.items():
         sec = statistics.median(r["seconds"] for r in runs)
         r0 = runs[0]
-        rows.append({"model": m, "sampler": s, "batch_size": b, "seconds": sec,
-                     "ms_per_token": 1e3 * sec / r0["tokens"], "tokens_per_s": r0["tokens"] / sec,
-                     "images_per_s": b / sec, "forward_passes": r0["forward_passes"],
-                     "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
-                     "warmup_seconds": warm[(m, s, b)], "all_seconds": [r["seconds"] for r in runs]})
+        row = {"model": m, "sampler": v, "batch_size": b, "num_samples": cfg.num_samples, "seconds": sec,
+               "ms_per_token": 1e3 * sec / r0["tokens"], "tokens_per_s": r0["tokens"] / sec,
+               "images_per_s": cfg.num_samples / sec, "forward_passes": r0["forward_passes"],
+               "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
+               "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs]}
+        for k in ("nll", "acceptance_rate"):
+            if k in r0:
+                row[k] = r0[k]
+        rows.append(row)
     for r in rows:
         for ref in (BASELINE, "ar"):
             base = next((x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
                          and x["sampler"] == ref), None)
             if base is not None:
                 r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
+                if ref == "ar":
+                    r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
+                    if "nll" in r and "nll" in base:
+                        r["nll_excess"] = r["nll"] - base["nll"]
     report = {
         "command": "vgen bench " + " ".join(_overrides()),
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -133,7 +182,9 @@ def markdown_table(rows: list[dict]) -> str:
     cols = [("model", "model", "{}"), ("sampler", "sampler", "{}"), ("batch", "batch_size", "{}"),
             ("ms/token", "ms_per_token", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
             ("images/s", "images_per_s", "{:.2f}"), ("fwd passes", "forward_passes", "{}"),
-            ("tok/step", "accepted_per_step", "{:.2f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
+            ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("fewer passes", "pass_reduction", "{:.2f}x"),
             (f"x {BASELINE}", f"speedup_vs_{BASELINE}", "{:.2f}"), ("x ar", "speedup_vs_ar", "{:.2f}")]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -151,6 +202,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def _plot(rows, path: Path):
+    """Left: ms per token for every cell. Right: speed-up and forward-pass reduction against AR versus drift
+    (nll excess over AR, nats/token), one marker per sampler setting and batch size."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -158,16 +211,26 @@ def _plot(rows, path: Path):
     except ImportError:
         return None
     import io
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.4, 1]})
     labels = [f"{r['sampler']}\nB={r['batch_size']}" for r in rows]
     ax.bar(range(len(rows)), [r["ms_per_token"] for r in rows], color="tab:blue")
-    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
     ax.set_ylabel("ms per token (lower is better)")
-    ax.set_title("vgen bench")
+    ax.set_title("time per token")
     for i, r in enumerate(rows):
-        s = r.get(f"speedup_vs_{BASELINE}")
+        s = r.get("speedup_vs_ar")
         if s is not None:
-            ax.text(i, r["ms_per_token"], f"{s:.1f}x", ha="center", va="bottom", fontsize=8)
+            ax.text(i, r["ms_per_token"], f"{s:.2f}x", ha="center", va="bottom", fontsize=7)
+    pts = [r for r in rows if "nll_excess" in r]
+    for r in pts:
+        mk = "o" if r["batch_size"] == min(x["batch_size"] for x in pts) else "s"
+        ax2.scatter(r["nll_excess"], r["speedup_vs_ar"], marker=mk, color="tab:red")
+        ax2.scatter(r["nll_excess"], r["pass_reduction"], marker=mk, color="tab:green")
+        ax2.annotate(f"{r['sampler']} B={r['batch_size']}", (r["nll_excess"], r["pass_reduction"]), fontsize=6)
+    ax2.axhline(1.0, color="gray", lw=0.5)
+    ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
+    ax2.set_ylabel("x AR (red: wall clock, green: forward passes)")
+    ax2.set_title("speed-up vs drift")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -175,4 +238,3 @@ def _plot(rows, path: Path):
     from vgen.io import atomic_write_bytes
     atomic_write_bytes(path, buf.getvalue())
     return path
-
