@@ -91,12 +91,22 @@ def test_help_and_unknown_command(tmp_path):
 def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     out = tmp_path / "bench"
     r = run(["bench", f"models=[{tiny_pipeline}]", "batch_sizes=[1,2]", "repeats=1", "compile=false",
-             f"outdir={out}"], tmp_path)
+             "num_samples=4", 'samplers=[ar,"sjd:window=4,init=vertical",lantern]', f"outdir={out}"], tmp_path)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "bench.json").read_text())
     cells = {(row["sampler"], row["batch_size"]) for row in rep["rows"]}
-    assert cells == {("llamagen-loop", 1), ("llamagen-loop", 2), ("ar", 1), ("ar", 2)}
+    assert cells == {(s, b) for s in ("llamagen-loop", "ar", "sjd:window=4,init=vertical", "lantern") for b in (1, 2)}
     ar = next(row for row in rep["rows"] if row["sampler"] == "ar" and row["batch_size"] == 2)
-    assert ar["forward_passes"] == 16 and ar["speedup_vs_llamagen-loop"] > 0
-    assert "| ms/token |" in r.stdout
+    assert ar["forward_passes"] == 2 * 16 and ar["speedup_vs_llamagen-loop"] > 0  # 4 images in batches of 2
+    sjd = next(row for row in rep["rows"] if row["sampler"].startswith("sjd") and row["batch_size"] == 1)
+    assert sjd["pass_reduction"] == 4 * 16 / sjd["forward_passes"] > 1
+    assert 0 < sjd["acceptance_rate"] <= 1 and "nll_excess" in sjd and sjd["speedup_vs_ar"] > 0
+    assert "| ms/token |" in r.stdout and "fewer passes" in r.stdout
     assert (out / "bench.png").stat().st_size > 1000
+
+
+def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
+    r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window=1"]', f"outdir={tmp_path}"], tmp_path)
+    assert r.returncode == 2 and "window must be >= 2" in r.stderr
+    r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window"]', f"outdir={tmp_path}"], tmp_path)
+    assert r.returncode == 2 and "name:key=value" in r.stderr

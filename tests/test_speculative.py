@@ -186,3 +186,11 @@ def test_cli_runs_speculative_samplers(tiny_pipeline, tmp_path):
         assert r.returncode == 0, r.stderr
         st = json.loads((out / "stats.json").read_text())
         assert st["sampler"] == name and st["accepted_per_step"] > 1 and st["forward_passes"] < 16
+
+
+def test_compiled_step_matches_eager(tiny_gpt):
+    """The compiled verify step (what `vgen bench` times) decides the same tokens as the eager one."""
+    kw = dict(window=4, init="vertical", cfg_scale=2.0, top_k=10)
+    eager, st_e = sample(tiny_gpt, [0, 1, 2], "sjd", seed=5, **kw)
+    comp, st_c = sample(tiny_gpt, [0, 1, 2], "sjd", seed=5, compile=True, **kw)
+    assert torch.equal(eager, comp) and torch.equal(st_e["step_map"], st_c["step_map"])

@@ -133,7 +133,8 @@ def run_bench(cfg) -> dict:
         sec = statistics.median(r["seconds"] for r in runs)
         r0 = runs[0]
         row = {"model": m, "sampler": v, "batch_size": b, "num_samples": cfg.num_samples, "seconds": sec,
-               "ms_per_token": 1e3 * sec / r0["tokens"], "tokens_per_s": r0["tokens"] / sec,
+               "ms_per_token": 1e3 * sec / r0["tokens"], "ms_per_pass": 1e3 * sec / r0["forward_passes"],
+               "tokens_per_s": r0["tokens"] / sec,
                "images_per_s": cfg.num_samples / sec, "forward_passes": r0["forward_passes"],
                "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
                "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs]}
@@ -180,7 +181,7 @@ def _overrides() -> list[str]:
 
 def markdown_table(rows: list[dict]) -> str:
     cols = [("model", "model", "{}"), ("sampler", "sampler", "{}"), ("batch", "batch_size", "{}"),
-            ("ms/token", "ms_per_token", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
+            ("ms/token", "ms_per_token", "{:.2f}"), ("ms/pass", "ms_per_pass", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
             ("images/s", "images_per_s", "{:.2f}"), ("fwd passes", "forward_passes", "{}"),
             ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
