@@ -131,34 +131,18 @@ class Pipeline:
         cond = self.check_labels(labels)
         s = self.make_sampler(sampler, **options)
         n = cond.shape[0]
-        bs = batch_size or n
         t0 = time.perf_counter()
-        toks, maps, agg = [], [], {}
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
-        for i in range(0, n, bs):
-            c = cond[i:i + bs].to(self.device)
-            t, st = s(self.model, c, [seed + j for j in range(i, min(i + bs, n))], progress=progress,
-                      codebook=codebook)
-            toks.append(t)
-            maps.append(st.pop("step_map", None))
-            for k, v in st.items():
-                if isinstance(v, (int, float)):
-                    agg.setdefault(k, []).append((v, c.shape[0]))
-        tokens = torch.cat(toks).cpu()
+        tokens, stats = s(self.model, cond.to(self.device), [seed + i for i in range(n)], progress=progress,
+                          codebook=codebook, batch_size=batch_size)
+        tokens = tokens.cpu()
+        step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
         images = self.decode(tokens)
-        stats = {}
-        for k, vals in agg.items():
-            if k in ("forward_passes", "tokens", "seconds"):
-                stats[k] = sum(v for v, _ in vals)
-            elif k == "kv_cache_bytes":
-                stats[k] = max(v for v, _ in vals)
-            else:  # per-sample means: weight by batch size
-                stats[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        step_map = torch.cat(maps).cpu() if all(m is not None for m in maps) else None
-        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats, step_map)
+        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats,
+                          None if step_map is None else step_map.cpu())
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:

@@ -84,10 +84,15 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False,
-                 codebook: torch.Tensor | None = None):
+                 codebook: torch.Tensor | None = None, batch_size: int | None = None):
+        """Sample one image per condition. ``batch_size`` caps the samples run in one forward pass (default:
+        all); sample i's result depends only on ``cond[i]`` and ``seeds[i]``, never on the batching."""
         self.validate(model, cond)
         if len(seeds) != cond.shape[0]:
             raise VGenError(f"got {len(seeds)} seeds for {cond.shape[0]} conditions: give one seed per sample")
+        if batch_size is not None and batch_size < 1:
+            raise VGenError(f"batch_size must be >= 1, got {batch_size}")
+        kw = {}
         if self.needs_codebook:
             if codebook is None:
                 raise VGenError(f"sampler {self.name!r} measures token similarity in the tokenizer's codebook: pass "
@@ -96,11 +101,38 @@ class Sampler:
                 raise VGenError(f"codebook of shape {tuple(codebook.shape)} does not cover the model's "
                                 f"{model.vocab_size} image tokens: pass the (vocab_size, dim) codebook of the "
                                 "tokenizer this model was trained with")
-            return self._sample(model, cond, list(seeds), progress, codebook=codebook[: model.vocab_size])
-        return self._sample(model, cond, list(seeds), progress)
+            kw["codebook"] = codebook[: model.vocab_size]
+        return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
+
+    def _run(self, model, cond, seeds, progress, batch_size, **kw):
+        """Default batching: consecutive chunks of ``batch_size`` (samplers with ragged progress override this
+        to refill finished rows instead)."""
+        n = cond.shape[0]
+        if batch_size >= n:
+            return self._sample(model, cond, seeds, progress, **kw)
+        parts = [self._sample(model, cond[i:i + batch_size], seeds[i:i + batch_size], progress, **kw)
+                 for i in range(0, n, batch_size)]
+        return torch.cat([t for t, _ in parts]), merge_stats([(st, t.shape[0]) for t, st in parts])
 
     def _sample(self, model, cond, seeds, progress, codebook=None):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def merge_stats(parts: list[tuple[dict, int]]) -> dict:
+    """Stats of consecutive runs (each with its number of samples) -> stats of the whole: counts and time
+    add up, the KV cache is the largest, per-sample means are weighted, step maps are concatenated."""
+    out = {}
+    for k in parts[0][0]:
+        vals = [(st[k], w) for st, w in parts if k in st]
+        if isinstance(vals[0][0], torch.Tensor):
+            out[k] = torch.cat([v for v, _ in vals])
+        elif k in ("forward_passes", "tokens", "seconds"):
+            out[k] = sum(v for v, _ in vals)
+        elif k == "kv_cache_bytes":
+            out[k] = max(v for v, _ in vals)
+        elif isinstance(vals[0][0], (int, float)):
+            out[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
+    return out
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
@@ -130,11 +162,12 @@ def as_cond(labels, device=None) -> torch.Tensor:
 
 
 def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
-           codebook: torch.Tensor | None = None, **options):
+           codebook: torch.Tensor | None = None, batch_size: int | None = None, **options):
     """Sample image tokens: returns ``(tokens (N, seq_len) int64, stats dict)``.
 
     Sample i uses seed ``seed + i``: it is identical to running it alone with that seed."""
     s = get_sampler(sampler, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)
-    return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook)
+    return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook,
+             batch_size=batch_size)

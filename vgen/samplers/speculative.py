@@ -148,57 +148,103 @@ class SpeculativeSampler(Sampler):
         return (), {}
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
+        return self._run(model, cond, seeds, progress, cond.shape[0], codebook=codebook)
+
+    def _run(self, model, cond, seeds, progress, batch_size, codebook=None):
+        """Continuous batching: ``batch_size`` slots; when a sample finishes, the next one is prefilled into its
+        slot, so a long job never waits for the slowest sample of a batch (only the last ones do)."""
         o = self.options
         t0 = time.perf_counter()
-        B, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
+        N, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
+        S = min(batch_size, N)
         grid_w = model.grid[1]
         rule_args, rule_kw = self.rule_inputs(model, codebook)
         cfg = o.guided
-        cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
-        cache = model.new_cache(cond_in.shape[0])
-        u = per_sample_uniforms(seeds, (L, 3 * W - 1), dev, stream=1)
+        cache = model.new_cache(2 * S if cfg else S)
         kw = dict(L=L, W=W, grid_w=grid_w, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
                   rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw)
-
-        # prefill: the condition gives token 0; the first window's drafts come from ``init``
-        N = L + 2 * W
-        tokens = torch.zeros((B, N), dtype=torch.long, device=dev)
-        logp = torch.zeros((B, N), dtype=torch.float32, device=dev)
-        smap = torch.zeros((B, N), dtype=torch.long, device=dev)
-        zero = torch.zeros(B, dtype=torch.long, device=dev)
-        p0 = window_target(model.prefill(cond_in, cache)[:, None], zero[:, None], cfg, o.cfg_scale, o.cfg_interval,
-                           o.temperature, o.top_k, o.top_p)[:, 0]
-        _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
-        tokens[:, 0] = sample_from_probs(p0, ur[:, 0])
-        logp[:, 0] = p0.gather(-1, tokens[:, :1]).squeeze(-1).clamp_min(1e-30).log()
-        f, qwin = fresh_drafts(tokens, zero, p0, uf, init=o.init, fresh_q=o.fresh_q, grid_w=grid_w)
-        tokens[:, 1:W] = f
-        qwin = qwin.contiguous()
-        n = torch.ones(B, dtype=torch.long, device=dev)
-        counts = torch.zeros((B, 3), dtype=torch.long, device=dev)
-
         step = compiled(spec_step) if o.compile else spec_step
-        us = [u[:, i].contiguous() for i in range(L)]
-        its = torch.arange(L, device=dev)
-        it = 0
-        bar = tqdm(total=B * L, disable=not progress, desc=self.name, unit="tok", leave=False)
-        done = B
+
+        B = L + 2 * W  # buffer length: drafts may run past the end of the image
+        tokens = torch.zeros((S, B), dtype=torch.long, device=dev)
+        logp = torch.zeros((S, B), dtype=torch.float32, device=dev)
+        smap = torch.zeros((S, B), dtype=torch.long, device=dev)
+        qwin = torch.zeros((S, W - 1, model.vocab_size), device=dev)
+        n = torch.full((S,), L, dtype=torch.long, device=dev)  # an empty slot counts as finished
+        counts = torch.zeros((S, 3), dtype=torch.long, device=dev)
+        u = torch.zeros((S, L, 3 * W - 1), device=dev)
+        slot_cond = cond[:1].expand(S, *cond.shape[1:]).clone()
+        owner = [-1] * S  # sample index held by each slot
+        start = [0] * S  # global iteration at which the slot's sample was prefilled
+        out_tokens = torch.zeros((N, L), dtype=torch.long, device=dev)
+        out_smap = torch.zeros((N, L), dtype=torch.long, device=dev)
+        out_logp = torch.zeros((N, L), dtype=torch.float32, device=dev)
+        passes = torch.zeros(N, dtype=torch.float64)
+        checked = accepted = prefills = 0
+        next_sample, it = 0, 0
+
+        def fill(slots: list[int]) -> None:
+            """Prefill the next samples into ``slots`` (one prefill pass over every row: the other rows
+            recompute their own condition's keys and values, unchanged)."""
+            nonlocal next_sample, prefills, qwin
+            idx = torch.tensor(slots, device=dev)
+            for b in slots:
+                owner[b], start[b] = next_sample, it
+                slot_cond[b] = cond[next_sample]
+                u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * W - 1), dev, stream=1)[0]
+                next_sample += 1
+            cond_in = torch.cat([slot_cond, model.null_cond(slot_cond)]) if cfg else slot_cond
+            zero = torch.zeros(S, dtype=torch.long, device=dev)
+            p0 = window_target(model.prefill(cond_in, cache)[:, None], zero[:, None], cfg, o.cfg_scale,
+                               o.cfg_interval, o.temperature, o.top_k, o.top_p)[:, 0]
+            prefills += 1
+            _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
+            t_new = tokens.clone()
+            t_new[:, 0] = sample_from_probs(p0, ur[:, 0])
+            f, q_new = fresh_drafts(t_new, zero, p0, uf, init=o.init, fresh_q=o.fresh_q, grid_w=grid_w)
+            t_new[:, 1:W] = f
+            tokens[idx] = t_new[idx]
+            logp[idx, 0] = p0[idx].gather(-1, t_new[idx, :1]).squeeze(-1).clamp_min(1e-30).log()
+            smap[idx] = it
+            qwin = qwin.clone()
+            qwin[idx] = q_new[idx].to(qwin.dtype)
+            n[idx] = 1
+            counts[idx] = 0
+
+        fill(list(range(S)))
+        bar = tqdm(total=N * L, disable=not progress, desc=self.name, unit="tok", leave=False)
+        shown = 0
         while True:
-            n_done = int(n.sum())
-            bar.update(n_done - done)
-            done = n_done
-            if n_done >= B * L:
+            n_host = n.tolist()
+            finished = [b for b in range(S) if owner[b] >= 0 and n_host[b] >= L]
+            for b in finished:  # collect
+                i = owner[b]
+                out_tokens[i], out_logp[i] = tokens[b, :L], logp[b, :L]
+                out_smap[i] = smap[b, :L] - start[b]
+                c = counts[b].tolist()
+                passes[i] = c[0] + 1
+                checked += c[1]
+                accepted += c[2]
+                owner[b] = -1
+            refill = finished[: N - next_sample]
+            if refill:
+                fill(refill)
+            done = N * L - sum(max(0, L - n_host[b]) for b in range(S) if owner[b] >= 0) \
+                - (N - next_sample) * L
+            bar.update(done - shown)
+            shown = done
+            if all(ow < 0 for ow in owner):
                 break
             it += 1
-            tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, us[it],
-                                                       its[it], **kw)
+            local = torch.tensor([it - sb for sb in start], device=dev).clamp_(0, L - 1)
+            ui = u[torch.arange(S, device=dev), local]
+            tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, ui,
+                                                       torch.tensor(it, device=dev), **kw)
         bar.close()
-        passes = counts[:, 0].double() + 1
-        checked, accepted = int(counts[:, 1].sum()), int(counts[:, 2].sum())
-        stats = {"forward_passes": it + 1, "tokens": B * L, "seconds": time.perf_counter() - t0,
-                 "kv_cache_bytes": cache.nbytes, "nll": float(-logp[:, :L].mean()),
+        stats = {"forward_passes": it + prefills, "tokens": N * L, "seconds": time.perf_counter() - t0,
+                 "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp.mean()),
                  "accepted_per_step": float((L / passes).mean()),
                  "acceptance_rate": accepted / checked if checked else 0.0,
-                 "step_map": smap[:, :L].clone()}
-        return tokens[:, :L].clone(), stats
+                 "step_map": out_smap}
+        return out_tokens, stats
