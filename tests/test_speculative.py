@@ -84,7 +84,7 @@ def test_relaxed_samplers_report_drift_and_stay_in_support(micro, capsys):
 
 
 def _naive_lantern(p, q, x, px, qx, nbr, *, delta, lam):
-    cs = p.gather(-1, nbr[x]).cumsum(-1)
+    cs = p.gather(-1, nbr[x].long()).cumsum(-1)
     moved = (cs * (cs <= delta)).amax(-1)
     return ((px + moved) / qx).clamp_max(1.0)
 
@@ -121,7 +121,7 @@ def test_latent_neighbours_are_nearest_others_and_cached():
     nbr = latent_neighbours(cb, 7)
     d = torch.cdist(cb, cb)
     d.fill_diagonal_(float("inf"))
-    assert torch.equal(nbr, d.topk(7, largest=False).indices)
+    assert torch.equal(nbr.long(), d.topk(7, largest=False).indices) and nbr.dtype == torch.int32
     assert latent_neighbours(cb.clone(), 7) is nbr  # keyed by content
     assert latent_neighbours(cb, 500).shape == (50, 49)  # k clipped to V - 1
 

@@ -43,7 +43,7 @@ class LanternOptions(SpeculativeOptions):
 
 
 def lantern_rule(p, q, x, px, qx, nbr, *, delta: float, lam: float):
-    cs = p.gather(-1, nbr[x]).cumsum(-1)  # (B, W-1, k): mass of the nearest 1, 2, ... neighbours
+    cs = p.gather(-1, nbr[x].long()).cumsum(-1)  # (B, W-1, k): mass of the nearest 1, 2, ... neighbours
     ok = cs <= delta
     if lam > 0:
         ok = ok & (cs <= (lam - 1.0) * px[..., None])
