@@ -83,8 +83,10 @@ def sample(cfg: DictConfig):
             summary[key] = sum(s[key] * s["num_samples"] for s in stats_all) / len(labels)
     summary["ms_per_token"] = 1e3 * summary["seconds"] / summary["tokens"]
     atomic_write_json(out / "stats.json", summary)
+    extra = (f", {summary['accepted_per_step']:.2f} tokens per pass per sample"
+             if "accepted_per_step" in summary else "")
     print(f"wrote {len(labels)} images, grid.png and stats.json to {out} "
-          f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes)")
+          f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes{extra})")
     return summary
 
 
