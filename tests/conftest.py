@@ -1,4 +1,3 @@
-import json
 import os
 from pathlib import Path
 

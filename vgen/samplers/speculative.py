@@ -176,7 +176,8 @@ class SpeculativeSampler(Sampler):
         u = torch.zeros((S, L, 3 * W - 1), device=dev)
         slot_cond = cond[:1].expand(S, *cond.shape[1:]).clone()
         owner = [-1] * S  # sample index held by each slot
-        start = [0] * S  # global iteration at which the slot's sample was prefilled
+        start = torch.zeros(S, dtype=torch.long, device=dev)  # iteration at which each slot was prefilled
+        slot_rows = torch.arange(S, device=dev)
         out_tokens = torch.zeros((N, L), dtype=torch.long, device=dev)
         out_smap = torch.zeros((N, L), dtype=torch.long, device=dev)
         out_logp = torch.zeros((N, L), dtype=torch.float32, device=dev)
@@ -189,8 +190,9 @@ class SpeculativeSampler(Sampler):
             recompute their own condition's keys and values, unchanged)."""
             nonlocal next_sample, prefills, qwin
             idx = torch.tensor(slots, device=dev)
+            start[idx] = it
             for b in slots:
-                owner[b], start[b] = next_sample, it
+                owner[b] = next_sample
                 slot_cond[b] = cond[next_sample]
                 u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * W - 1), dev, stream=1)[0]
                 next_sample += 1
@@ -237,8 +239,7 @@ class SpeculativeSampler(Sampler):
             if all(ow < 0 for ow in owner):
                 break
             it += 1
-            local = torch.tensor([it - sb for sb in start], device=dev).clamp_(0, L - 1)
-            ui = u[torch.arange(S, device=dev), local]
+            ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
             tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, ui,
                                                        torch.tensor(it, device=dev), **kw)
         bar.close()
