@@ -201,3 +201,13 @@ def test_compiled_step_matches_eager(tiny_gpt):
     eager, st_e = sample(tiny_gpt, [0, 1, 2], "sjd", seed=5, **kw)
     comp, st_c = sample(tiny_gpt, [0, 1, 2], "sjd", seed=5, compile=True, **kw)
     assert torch.equal(eager, comp) and torch.equal(st_e["step_map"], st_c["step_map"])
+
+
+def test_cfg_interval_and_greedy_match_ar(tiny_gpt):
+    """With top_k=1 every sampler is deterministic: SJD must decide AR's tokens, including where
+    cfg_interval switches guidance off mid-image."""
+    kw = dict(cfg_scale=5.0, cfg_interval=3, top_k=1)
+    ar, _ = sample(tiny_gpt, [0, 2, 3], "ar", seed=0, **kw)
+    for init in INITS:
+        sjd, _ = sample(tiny_gpt, [0, 2, 3], "sjd", seed=1, window=5, init=init, **kw)
+        assert torch.equal(sjd, ar), init

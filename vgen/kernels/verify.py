@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from vgen.kernels.sampling import filter_probs, sample_from_probs
+from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
 def window_target(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
@@ -17,9 +17,11 @@ def window_target(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cf
     logits (rows, W, V) with rows = [cond; uncond] under CFG; ``token_index`` (B, W) is the image-token index
     each position predicts (guidance applies to token t when cfg_interval < 0 or t <= cfg_interval + 1)."""
     if cfg:
-        cond, uncond = logits.chunk(2, dim=0)
-        guided = uncond + (cond - uncond) * cfg_scale
-        logits = guided if cfg_interval < 0 else torch.where((token_index <= cfg_interval + 1)[..., None], guided, cond)
+        guided = guide(logits, cfg_scale)
+        if cfg_interval >= 0:
+            cond = logits[: logits.shape[0] // 2]
+            guided = torch.where((token_index <= cfg_interval + 1)[..., None], guided, cond)
+        logits = guided
     return filter_probs(logits, temperature, top_k, top_p)
 
 

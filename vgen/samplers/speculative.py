@@ -147,9 +147,6 @@ class SpeculativeSampler(Sampler):
     def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
         return (), {}
 
-    def _sample(self, model, cond, seeds, progress, codebook=None):
-        return self._run(model, cond, seeds, progress, cond.shape[0], codebook=codebook)
-
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None):
         """Continuous batching: ``batch_size`` slots; when a sample finishes, the next one is prefilled into its
         slot, so a long job never waits for the slowest sample of a batch (only the last ones do)."""
@@ -182,13 +179,13 @@ class SpeculativeSampler(Sampler):
         out_smap = torch.zeros((N, L), dtype=torch.long, device=dev)
         out_logp = torch.zeros((N, L), dtype=torch.float32, device=dev)
         passes = torch.zeros(N, dtype=torch.float64)
-        checked = accepted = prefills = 0
+        checked = accepted = prefills = collected = 0
         next_sample, it = 0, 0
 
         def fill(slots: list[int]) -> None:
             """Prefill the next samples into ``slots`` (one prefill pass over every row: the other rows
             recompute their own condition's keys and values, unchanged)."""
-            nonlocal next_sample, prefills, qwin
+            nonlocal next_sample, prefills
             idx = torch.tensor(slots, device=dev)
             start[idx] = it
             for b in slots:
@@ -209,7 +206,6 @@ class SpeculativeSampler(Sampler):
             tokens[idx] = t_new[idx]
             logp[idx, 0] = p0[idx].gather(-1, t_new[idx, :1]).squeeze(-1).clamp_min(1e-30).log()
             smap[idx] = it
-            qwin = qwin.clone()
             qwin[idx] = q_new[idx].to(qwin.dtype)
             n[idx] = 1
             counts[idx] = 0
@@ -229,11 +225,12 @@ class SpeculativeSampler(Sampler):
                 checked += c[1]
                 accepted += c[2]
                 owner[b] = -1
+            collected += len(finished)
             refill = finished[: N - next_sample]
             if refill:
                 fill(refill)
-            done = N * L - sum(max(0, L - n_host[b]) for b in range(S) if owner[b] >= 0) \
-                - (N - next_sample) * L
+                n_host = n.tolist()
+            done = collected * L + sum(n_host[b] for b in range(S) if owner[b] >= 0)
             bar.update(done - shown)
             shown = done
             if all(ow < 0 for ow in owner):
