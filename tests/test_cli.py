@@ -91,7 +91,8 @@ def test_help_and_unknown_command(tmp_path):
 def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     out = tmp_path / "bench"
     r = run(["bench", f"models=[{tiny_pipeline}]", "batch_sizes=[1,2]", "repeats=1", "compile=false",
-             "num_samples=4", 'samplers=[ar,"sjd:window=4,init=vertical",lantern]', f"outdir={out}"], tmp_path)
+             "num_samples=4", 'samplers=[ar,"sjd:window=4,init=vertical",lantern]', f"outdir={out}",
+             "fid_samples=6"], tmp_path)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "bench.json").read_text())
     cells = {(row["sampler"], row["batch_size"]) for row in rep["rows"]}
@@ -101,8 +102,12 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     sjd = next(row for row in rep["rows"] if row["sampler"].startswith("sjd") and row["batch_size"] == 1)
     assert sjd["pass_reduction"] == 4 * 16 / sjd["forward_passes"] > 1
     assert 0 < sjd["acceptance_rate"] <= 1 and "nll_excess" in sjd and sjd["speedup_vs_ar"] > 0
-    assert "| ms/token |" in r.stdout and "fewer passes" in r.stdout
+    assert "| ms/token |" in r.stdout and "fewer passes" in r.stdout and "FID-photo" in r.stdout
     assert (out / "bench.png").stat().st_size > 1000
+    assert sjd["fid_samples"] == 6 and sjd["fid_photo"] > 0 and sjd["fid_photo_vs_ar"] > 0
+    assert all(row["peak_rss_mb"] > 50 for row in rep["rows"])
+    base = next(row for row in rep["rows"] if row["sampler"] == "llamagen-loop")
+    assert "fid_photo" not in base  # the official loop's own RNG: no paired samples to score
 
 
 def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
@@ -110,3 +115,5 @@ def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
     assert r.returncode == 2 and "window must be >= 2" in r.stderr
     r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window"]', f"outdir={tmp_path}"], tmp_path)
     assert r.returncode == 2 and "name:key=value" in r.stderr
+    r = run(["bench", f"models=[{tiny_pipeline}]", "fid_samples=1", f"outdir={tmp_path}"], tmp_path)
+    assert r.returncode == 2 and "fid_samples must be 0 (off) or >= 2" in r.stderr

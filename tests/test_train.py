@@ -34,3 +34,19 @@ def test_vq_and_gpt_recipes_run_resume_and_export(tmp_path):
     assert gm["test_loss"] > 0 and gm["steps"] == 2
     gpt = load_official("gpt", tmp_path / "gpt" / "gpt.safetensors")
     assert gpt.config.n_head == 2 and gpt.config.block_size == 256  # config travels in the metadata
+
+
+def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
+    from vgen.eval.extractors import load_photo_classifier
+    from vgen.train.photo import PhotoTrainConfig, train_photo
+    cfg = PhotoTrainConfig(out=str(tmp_path / "cls"), arch="test_resnet", steps=3, batch_size=8, save_every=2,
+                           eval_n=32, warmup=1)
+    m = train_photo(cfg)
+    assert 0 <= m["test_accuracy"] <= 1 and len(m["per_class_accuracy"]) == 16
+    cfg.steps = 4
+    train_photo(cfg)
+    log = [json.loads(l) for l in (tmp_path / "cls" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r.get("final")] == [3, 4]
+    clf = load_photo_classifier(tmp_path / "cls" / "classifier.safetensors")
+    feats, logits = clf(torch.zeros(2, 3, 64, 64, dtype=torch.uint8))
+    assert feats.shape == (2, clf.num_features) and logits.shape == (2, 16) and clf.arch == "test_resnet"

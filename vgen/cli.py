@@ -5,6 +5,7 @@ overrides, ``--cfg job``, multirun (``-m``) and launchers work as in any Hydra p
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from vgen.errors import VGenError
@@ -12,7 +13,8 @@ from vgen.errors import VGenError
 COMMANDS = {
     "sample": "draw images from a zoo model or a local pipeline folder (PNGs, grid.png, stats.json)",
     "bench": "time samplers x batch sizes side by side (table, bench.json, plots)",
-    "train": "run a zoo training recipe (recipe=vq|gpt), resumable",
+    "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), `vgen eval npz`",
+    "train": "run a zoo training recipe (recipe=vq|gpt|photo), resumable",
 }
 
 
@@ -22,6 +24,7 @@ def _usage() -> str:
     lines += [f"  {k:<8} {v}" for k, v in COMMANDS.items()]
     lines += ["", f"models:   {', '.join(list_models()) or '(none)'}", f"samplers: {', '.join(list_samplers())}",
               "", "examples:", "  vgen sample", "  vgen sample sampler.top_k=100 labels=[0,3] num_samples=16 outdir=out",
+              "  vgen eval fid samples=samples reference=photos-test",
               "  vgen sample --cfg job      # show the composed config"]
     return "\n".join(lines)
 
@@ -39,10 +42,12 @@ def _precheck(overrides: list[str]) -> None:
         key = key.lstrip("+~")
         if sep and key in ("model", "sampler", "recipe"):
             valid = _group_options(key)
-            if value not in valid:
-                what = {"model": "model", "sampler": "sampler", "recipe": "recipe"}[key]
-                extra = " (or model.path=<folder with pipeline.json>)" if key == "model" else ""
-                raise VGenError(f"unknown {what} {value!r}; available: {', '.join(valid)}{extra}")
+            if "(" in value:  # a sweep function (choice(...), glob(...)): Hydra checks it
+                continue
+            for v in value.split(","):  # a multirun sweep lists several
+                if v not in valid:
+                    extra = " (or model.path=<folder with pipeline.json>)" if key == "model" else ""
+                    raise VGenError(f"unknown {key} {v!r}; available: {', '.join(valid)}{extra}")
 
 
 def _task(command: str):
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
         print(_usage())
         return
     command, rest = argv[0], argv[1:]
+    if command == "eval" and rest and "=" not in rest[0] and not rest[0].startswith("-"):
+        rest = [f"metric={rest[0]}"] + rest[1:]  # `vgen eval fid ...` -> metric=fid
     if command not in COMMANDS:
         print(f"vgen: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
@@ -81,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"vgen {command}: error: {e}", file=sys.stderr)
             sys.exit(2)
 
+    if int(os.environ.get("RANK", 0)) > 0:
+        rest = rest + ["hydra.output_subdir=null"]  # torchrun: rank 0 alone records the config
     sys.argv = [f"vgen {command}"] + rest
     _app()
 

@@ -120,20 +120,32 @@ class Pipeline:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens -> uint8 images, one sample at a time so the bytes never depend on the batch."""
+        """Tokens -> uint8 images, one sample at a time and (on CPU) on one thread, so the bytes depend neither
+        on the batch nor on the process's thread count (convolutions round differently with more threads,
+        enough to flip a pixel now and then; torchrun gives each process one thread)."""
         from vgen.data import to_uint8
         grid = self.model.grid
-        return torch.cat([to_uint8(self.tokenizer.decode_codes(t[None], grid)) for t in tokens]).cpu()
+        threads = torch.get_num_threads()
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
+        try:
+            return torch.cat([to_uint8(self.tokenizer.decode_codes(t[None], grid)) for t in tokens]).cpu()
+        finally:
+            torch.set_num_threads(threads)
 
     def generate(self, labels, sampler: str = "ar", seed: int = 0, batch_size: int | None = None,
-                 progress: bool = False, **options) -> Generation:
-        """Sample images for ``labels``; sample i uses seed ``seed + i`` whatever the batching."""
+                 progress: bool = False, seeds: list[int] | None = None, **options) -> Generation:
+        """Sample images for ``labels``; sample i uses seed ``seed + i`` (or ``seeds[i]``) whatever the
+        batching."""
         cond = self.check_labels(labels)
         s = self.make_sampler(sampler, **options)
         n = cond.shape[0]
+        if seeds is not None and len(seeds) != n:
+            raise VGenError(f"got {len(seeds)} seeds for {n} labels: give one seed per label")
+        seeds = [seed + i for i in range(n)] if seeds is None else [int(x) for x in seeds]
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
-        tokens, stats = s(self.model, cond.to(self.device), [seed + i for i in range(n)], progress=progress,
+        tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,
                           codebook=codebook, batch_size=batch_size)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
@@ -141,7 +153,7 @@ class Pipeline:
         images = self.decode(tokens)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        return Generation(images, tokens, cond.cpu(), [seed + i for i in range(n)], stats,
+        return Generation(images, tokens, cond.cpu(), seeds, stats,
                           None if step_map is None else step_map.cpu())
 
 

@@ -59,6 +59,25 @@ class BenchSchema:
     outdir: str = "bench"
     device: str = "cpu"
     options: dict = field(default_factory=dict)
+    fid_samples: int = 0  # FID-photo of this many samples per setting (0: off)
+    fid_reference: str = "photos-test"
+
+
+@dataclass
+class EvalSchema:
+    metric: str = "fid"
+    samples: str = "???"
+    reference: str = "photos-test"
+    extractor: str = "photo"
+    backend: str = "torch-fidelity"
+    inception_weights: Optional[str] = None
+    classifier: Optional[str] = None
+    isc: bool = True
+    kid_subset_size: int = 1000
+    batch_size: int = 64
+    out: Optional[str] = None
+    device: str = "cpu"
+    progress: bool = True
 
 
 @dataclass
@@ -69,13 +88,16 @@ class TrainSchema:
 def register() -> None:
     from vgen.samplers.base import _REGISTRY
     from vgen.train.gpt import GPTTrainConfig
+    from vgen.train.photo import PhotoTrainConfig
     from vgen.train.vq import VQTrainConfig
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
     cs.store(name="train_schema", node=TrainSchema)
+    cs.store(name="eval_schema", node=EvalSchema)
     cs.store(group="vgen_schema", name="model", node=ModelSchema)
     for name, cls in _REGISTRY.items():
         cs.store(group="vgen_schema", name=f"sampler_{name}", node=sampler_schema(cls))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)

@@ -5,6 +5,7 @@ Every cell is warmed up once (compilation is reported separately, not timed), th
 """
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import statistics
@@ -21,6 +22,35 @@ BASELINE = "llamagen-loop"
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except (OSError, ValueError):
+        return _peak_rss_mb()
+
+
+class RssPeak:
+    """Peak resident memory while the block runs (polled every 5 ms on a thread; Linux /proc, else the
+    process's lifetime peak)."""
+
+    def __enter__(self):
+        import threading
+        self.peak, self._stop = _rss_mb(), threading.Event()
+
+        def poll():
+            while not self._stop.wait(0.005):
+                self.peak = max(self.peak, _rss_mb())
+        self._t = threading.Thread(target=poll, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _rss_mb())
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -59,6 +89,15 @@ def run_bench(cfg) -> dict:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
     if cfg.num_samples < 1:
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
+    if cfg.fid_samples < 0 or cfg.fid_samples == 1:
+        raise VGenError(f"fid_samples must be 0 (off) or >= 2, got {cfg.fid_samples}")
+    if cfg.fid_samples:
+        from vgen.eval.extractors import ZOO_CLASSIFIER
+        from vgen.eval.metrics import REFERENCES, load_images
+        if not ZOO_CLASSIFIER.exists():
+            raise VGenError(f"FID-photo needs the zoo classifier at {ZOO_CLASSIFIER}: `vgen train recipe=photo`")
+        if cfg.fid_reference not in REFERENCES:
+            load_images(cfg.fid_reference, "fid_reference")  # a folder / .npz: fail now if unreadable
     for b in cfg.batch_sizes:
         if b < 1:
             raise VGenError(f"batch sizes must be >= 1, got {b}")
@@ -106,18 +145,23 @@ def run_bench(cfg) -> dict:
         return agg
 
     results = {c: [] for c in cells}
-    warm = {}
+    warm, rss = {}, {}
     from tqdm.auto import tqdm
     with tqdm(total=len(cells) * (cfg.repeats + 1), desc="bench", unit="run") as bar:
         for c in cells:
             t0 = time.perf_counter()
-            run_cell(*c)
+            with RssPeak() as mem:
+                run_cell(*c)
             warm[c] = time.perf_counter() - t0
+            rss[c] = mem.peak
             bar.update(1)
         for _ in range(cfg.repeats):
             for c in cells:
-                results[c].append(run_cell(*c))
+                with RssPeak() as mem:
+                    results[c].append(run_cell(*c))
+                rss[c] = max(rss[c], mem.peak)
                 bar.update(1)
+    quality = _quality(cfg, pipes, parsed, opts_all) if cfg.fid_samples else {}
 
     rows = []
     for (m, v, b), runs in results.items():
@@ -128,7 +172,9 @@ def run_bench(cfg) -> dict:
                "tokens_per_s": r0["tokens"] / sec,
                "images_per_s": cfg.num_samples / sec, "forward_passes": r0["forward_passes"],
                "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
-               "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs]}
+               "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs],
+               "peak_rss_mb": rss[(m, v, b)]}
+        row.update(quality.get((m, v), {}))
         for k in ("nll", "acceptance_rate"):
             if k in r0:
                 row[k] = r0[k]
@@ -143,6 +189,8 @@ def run_bench(cfg) -> dict:
                     r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
                     if "nll" in r and "nll" in base:
                         r["nll_excess"] = r["nll"] - base["nll"]
+                    if "fid_photo" in r and "fid_photo" in base:
+                        r["fid_photo_vs_ar"] = r["fid_photo"] / base["fid_photo"]
     report = {
         "command": "vgen bench " + " ".join(_overrides()),
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -162,6 +210,27 @@ def run_bench(cfg) -> dict:
     return report
 
 
+def _quality(cfg, pipes, parsed, opts_all) -> dict:
+    """FID-photo (and KID) of ``fid_samples`` images per model and sampler setting against photos-test.
+    Samples do not depend on the batch size (sample i uses seed seed + i in any batch), so one set per
+    setting serves every batch size. Not timed."""
+    from tqdm.auto import tqdm
+
+    import vgen.eval as ev
+    out = {}
+    todo = [(m, v) for m in pipes for v in parsed]
+    for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
+        pipe = pipes[m]
+        name, o = parsed[v]
+        n = cfg.fid_samples
+        labels = [i % pipe.num_classes for i in range(n)]
+        gen = pipe.generate(labels, sampler=name, seed=cfg.seed, batch_size=max(cfg.batch_sizes),
+                            **{**opts_all, "compile": cfg.compile, **o})
+        r = ev.fid(gen.images, cfg.fid_reference, isc=False, kid_subset_size=min(n, 100))
+        out[(m, v)] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
+    return out
+
+
 def _overrides() -> list[str]:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -175,9 +244,12 @@ def markdown_table(rows: list[dict]) -> str:
             ("ms/token", "ms_per_token", "{:.2f}"), ("ms/pass", "ms_per_pass", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
             ("images/s", "images_per_s", "{:.2f}"), ("fwd passes", "forward_passes", "{}"),
             ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
-            ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"),
+            ("FID-photo", "fid_photo", "{:.2f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
             ("fewer passes", "pass_reduction", "{:.2f}x"),
             (f"x {BASELINE}", f"speedup_vs_{BASELINE}", "{:.2f}"), ("x ar", "speedup_vs_ar", "{:.2f}")]
+    cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]  # only measured columns
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
@@ -203,7 +275,10 @@ def _plot(rows, path: Path):
     except ImportError:
         return None
     import io
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.4, 1]})
+    has_fid = any("fid_photo" in r for r in rows)
+    fig, axes = plt.subplots(1, 3 if has_fid else 2, figsize=(19 if has_fid else 13, 4.5),
+                             gridspec_kw={"width_ratios": [1.4, 1, 1] if has_fid else [1.4, 1]})
+    ax, ax2 = axes[0], axes[1]
     labels = [f"{r['sampler']}\nB={r['batch_size']}" for r in rows]
     ax.bar(range(len(rows)), [r["ms_per_token"] for r in rows], color="tab:blue")
     ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
@@ -223,6 +298,18 @@ def _plot(rows, path: Path):
     ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
     ax2.set_ylabel("x AR (red: wall clock, green: forward passes)")
     ax2.set_title("speed-up vs drift")
+    if has_fid:
+        ax3 = axes[2]
+        for r in rows:
+            if "fid_photo" in r and "speedup_vs_ar" in r:
+                mk = "o" if r["batch_size"] == min(x["batch_size"] for x in rows) else "s"
+                ax3.scatter(r["fid_photo"], r["speedup_vs_ar"], marker=mk, color="tab:purple")
+                ax3.annotate(f"{r['sampler']} B={r['batch_size']}", (r["fid_photo"], r["speedup_vs_ar"]), fontsize=6)
+        ax3.axhline(1.0, color="gray", lw=0.5)
+        n = next(r["fid_samples"] for r in rows if "fid_samples" in r)
+        ax3.set_xlabel(f"FID-photo vs photos-test, {n} samples (lower is better)")
+        ax3.set_ylabel("wall-clock speed-up over AR")
+        ax3.set_title("speed vs quality")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

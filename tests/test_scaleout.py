@@ -1,0 +1,135 @@
+"""Scale-out: torchrun sharding gives the bytes of one process, killed runs resume to the same bytes, Hydra
+multirun sweeps and the submitit launcher."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+ZOO_ARGS = ["num_samples=12", "seed=3", "progress=false"]
+
+
+def vgen(args, cwd, timeout=600):
+    return subprocess.run([sys.executable, "-m", "vgen", *args], cwd=cwd, capture_output=True, text=True, env=ENV,
+                          timeout=timeout)
+
+
+def torchrun_cmd(args, nproc=2):
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    return [torchrun, f"--nproc_per_node={nproc}", "--standalone", "-m", "vgen", *args]
+
+
+def pngs(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("[0-9]*.png"))}
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The zoo model, one process, batch 4: the reference bytes."""
+    d = tmp_path_factory.mktemp("single")
+    r = vgen(["sample", *ZOO_ARGS, "batch_size=4", f"outdir={d / 'out'}"], d)
+    assert r.returncode == 0, r.stderr
+    return d / "out"
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_write_the_bytes_of_one(single, tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(torchrun_cmd(["sample", *ZOO_ARGS, "batch_size=2", f"outdir={out}"]), cwd=tmp_path,
+                       capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "on 2 processes" in r.stdout
+    ref, got = pngs(single), pngs(out)
+    assert len(ref) == 12 and got == ref  # every sample, byte for byte
+    assert (out / "grid.png").read_bytes() == (single / "grid.png").read_bytes()
+    st, st1 = json.loads((out / "stats.json").read_text()), json.loads((single / "stats.json").read_text())
+    assert st["processes"] == 2 and st["samples_with_stats"] == 12 and st["tokens"] == st1["tokens"]
+    parts = sorted(p.name for p in (out / ".parts").glob("*.json"))
+    assert any(p.endswith("-r0.json") for p in parts) and any(p.endswith("-r1.json") for p in parts)
+
+
+@pytest.mark.slow
+def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_path):
+    out = tmp_path / "out"
+    args = ["sample", *ZOO_ARGS, "batch_size=1", f"outdir={out}"]
+    p = subprocess.Popen(torchrun_cmd(args), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=ENV, start_new_session=True)
+    t0 = time.time()
+    try:
+        while (len(pngs(out)) if out.exists() else 0) < 3:
+            if p.poll() is not None or time.time() - t0 > 300:
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    done = len(pngs(out))
+    assert 3 <= done < 12, f"the kill should land midway, found {done} images"
+    assert not (out / "stats.json").exists()
+    r = subprocess.run(torchrun_cmd(args), cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "already on disk" in r.stdout
+    assert pngs(out) == pngs(single)
+    assert not list(out.glob(".*.tmp")) and not list(out.rglob(".*.tmp"))
+    st = json.loads((out / "stats.json").read_text())
+    assert st["skipped"] >= done and st["num_samples"] == 12
+
+
+def test_resume_skips_finished_indices_and_refuses_another_run(tiny_pipeline, tmp_path):
+    out = tmp_path / "o"
+    base = ["sample", f"model.path={tiny_pipeline}", "seed=2", f"outdir={out}", "progress=false", "batch_size=3"]
+    assert vgen(base + ["num_samples=4"], tmp_path).returncode == 0
+    first = pngs(out)
+    (out / "000001.png").unlink()
+    (out / ".000009.png.abc.tmp").write_bytes(b"partial")  # what a killed writer leaves behind
+    r = vgen(base + ["num_samples=7"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "(3 already on disk)" in r.stdout
+    got = pngs(out)
+    assert len(got) == 7 and all(got[k] == v for k, v in first.items())
+    assert not (out / ".000009.png.abc.tmp").exists()
+    fresh = tmp_path / "fresh"
+    assert vgen(base[:-3] + [f"outdir={fresh}", "progress=false", "num_samples=7"], tmp_path).returncode == 0
+    assert pngs(fresh) == got  # resumed == one clean run
+    r = vgen(base + ["num_samples=7", "sampler.top_k=3"], tmp_path)
+    assert r.returncode == 2 and "another run" in r.stderr and "options" in r.stderr
+
+
+def test_hydra_multirun_sweeps_samplers(tiny_pipeline, tmp_path):
+    out = tmp_path / "sweep"
+    r = vgen(["sample", "-m", "sampler=ar,sjd", f"model.path={tiny_pipeline}", "num_samples=2",
+              f"outdir={out}", "progress=false"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for job, name in ((0, "ar"), (1, "sjd")):
+        st = json.loads((out / str(job) / "stats.json").read_text())
+        assert st["sampler"] == name and st["num_samples"] == 2
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher(tiny_pipeline, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    out = tmp_path / "sweep"
+    r = vgen(["sample", "-m", "hydra/launcher=submitit_local", "sampler=ar,sjd", f"model.path={tiny_pipeline}",
+              "num_samples=2", f"outdir={out}", "progress=false", "hydra.launcher.timeout_min=10"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for job, name in ((0, "ar"), (1, "sjd")):
+        st = json.loads((out / str(job) / "stats.json").read_text())
+        assert st["sampler"] == name
+
+
+def test_slurm_launcher_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_module
+
+    from vgen.configs import register
+    register()
+    with initialize_config_module("vgen.configs", version_base="1.3"):
+        cfg = compose("sample", overrides=["hydra/launcher=vgen_slurm"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert "SlurmLauncher" in launcher._target_ and launcher.gpus_per_node >= 1
