@@ -33,12 +33,15 @@ def _rss_mb() -> float:
 
 
 class RssPeak:
-    """Peak resident memory while the block runs (polled every 5 ms on a thread; Linux /proc, else the
-    process's lifetime peak)."""
+    """Peak resident memory of the process while the block runs (polled every 5 ms on a thread; Linux /proc,
+    else the lifetime peak), and on CUDA the peak of allocated device memory within the block."""
 
     def __enter__(self):
         import threading
         self.peak, self._stop = _rss_mb(), threading.Event()
+        self.cuda_peak = None
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
 
         def poll():
             while not self._stop.wait(0.005):
@@ -51,6 +54,8 @@ class RssPeak:
         self._stop.set()
         self._t.join()
         self.peak = max(self.peak, _rss_mb())
+        if torch.cuda.is_available():
+            self.cuda_peak = torch.cuda.max_memory_allocated() / 2 ** 20
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -145,7 +150,7 @@ def run_bench(cfg) -> dict:
         return agg
 
     results = {c: [] for c in cells}
-    warm, rss = {}, {}
+    warm, rss, cuda = {}, {}, {}
     from tqdm.auto import tqdm
     with tqdm(total=len(cells) * (cfg.repeats + 1), desc="bench", unit="run") as bar:
         for c in cells:
@@ -153,13 +158,15 @@ def run_bench(cfg) -> dict:
             with RssPeak() as mem:
                 run_cell(*c)
             warm[c] = time.perf_counter() - t0
-            rss[c] = mem.peak
+            rss[c], cuda[c] = mem.peak, mem.cuda_peak
             bar.update(1)
         for _ in range(cfg.repeats):
             for c in cells:
                 with RssPeak() as mem:
                     results[c].append(run_cell(*c))
                 rss[c] = max(rss[c], mem.peak)
+                if mem.cuda_peak is not None:
+                    cuda[c] = max(cuda[c], mem.cuda_peak)
                 bar.update(1)
     quality = _quality(cfg, pipes, parsed, opts_all) if cfg.fid_samples else {}
 
@@ -174,6 +181,8 @@ def run_bench(cfg) -> dict:
                "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
                "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs],
                "peak_rss_mb": rss[(m, v, b)]}
+        if cuda[(m, v, b)] is not None:
+            row["peak_cuda_mb"] = cuda[(m, v, b)]
         row.update(quality.get((m, v), {}))
         for k in ("nll", "acceptance_rate"):
             if k in r0:
@@ -246,7 +255,7 @@ def markdown_table(rows: list[dict]) -> str:
             ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"),
             ("FID-photo", "fid_photo", "{:.2f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
-            ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
+            ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("peak CUDA MB", "peak_cuda_mb", "{:.0f}"),
             ("fewer passes", "pass_reduction", "{:.2f}x"),
             (f"x {BASELINE}", f"speedup_vs_{BASELINE}", "{:.2f}"), ("x ar", "speedup_vs_ar", "{:.2f}")]
     cols = [c for c in cols if any(r.get(c[1]) is not None for r in rows)]  # only measured columns

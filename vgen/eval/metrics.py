@@ -11,8 +11,10 @@ excluded), an ADM-style ``.npz`` (``arr_0``, uint8 NHWC), or a registered refere
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import warnings
 import tempfile
 from pathlib import Path
 
@@ -46,10 +48,8 @@ def list_images(folder: Path) -> list[Path]:
 def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
     """-> (uint8 (N, 3, H, W) tensor, a key naming the data for caches)."""
     if isinstance(source, str) and source in REFERENCES:
-        from vgen.data import photos
         a = REFERENCES[source]
-        return photos(a["split"], a["n"], seed=a["seed"], size=a["size"]).images, \
-            f"{source}-n{a['n']}-s{a['seed']}-{a['size']}px"
+        return _registered(source), f"{source}-n{a['n']}-s{a['seed']}-{a['size']}px"
     if isinstance(source, (str, os.PathLike)):
         p = Path(source).expanduser()
         if p.is_dir():
@@ -69,6 +69,13 @@ def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
     else:
         images = _from_array(source, what, nhwc=False)
     return images, "data-" + hashlib.sha1(images.numpy().tobytes()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=2)
+def _registered(name: str) -> torch.Tensor:
+    from vgen.data import photos
+    a = REFERENCES[name]
+    return photos(a["split"], a["n"], seed=a["seed"], size=a["size"]).images
 
 
 def _read_files(files: list[Path], what: str) -> torch.Tensor:
@@ -231,8 +238,10 @@ def _clean_fid(x, y, key, m, *, cache, extractor, weights, batch_size, device, s
         kids = [cfid.kernel_distance(f1, f2, num_subsets=1, max_subset_size=m) for _ in range(100)]
     finally:
         np.random.set_state(state)
-    return {"fid": float(cfid.fid_from_feats(f1, f2)), "kid_mean": float(np.mean(kids)),
-            "kid_std": float(np.std(kids))}
+    with warnings.catch_warnings():  # clean-fid passes sqrtm(disp=False), deprecated in SciPy 1.17
+        warnings.filterwarnings("ignore", message=".*disp.*", category=DeprecationWarning)
+        value = cfid.fid_from_feats(f1, f2)
+    return {"fid": float(value), "kid_mean": float(np.mean(kids)), "kid_std": float(np.std(kids))}
 
 
 def _clean_fid_model(extractor: str, weights: Path, device):
