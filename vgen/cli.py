@@ -14,6 +14,7 @@ COMMANDS = {
     "sample": "draw images from a zoo model or a local pipeline folder (PNGs, grid.png, stats.json)",
     "bench": "time samplers x batch sizes side by side (table, bench.json, plots)",
     "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), `vgen eval npz`",
+    "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "train": "run a zoo training recipe (recipe=vq|gpt|photo), resumable",
 }
 
@@ -25,6 +26,7 @@ def _usage() -> str:
     lines += ["", f"models:   {', '.join(list_models()) or '(none)'}", f"samplers: {', '.join(list_samplers())}",
               "", "examples:", "  vgen sample", "  vgen sample sampler.top_k=100 labels=[0,3] num_samples=16 outdir=out",
               "  vgen eval fid samples=samples reference=photos-test",
+              "  vgen demo server_port=7860",
               "  vgen sample --cfg job      # show the composed config"]
     return "\n".join(lines)
 

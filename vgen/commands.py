@@ -196,6 +196,23 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     return res
 
 
+def demo(cfg: DictConfig):
+    import importlib.util
+
+    from vgen.pipeline import list_models
+    if importlib.util.find_spec("gradio") is None:
+        raise VGenError("the demo needs Gradio: pip install -e \".[demo]\" (or pip install \"gradio>=6,<7\")")
+    if cfg.model not in list_models():
+        raise VGenError(f"unknown zoo model {cfg.model!r}; available: {', '.join(list_models())}")
+    if not 0 < cfg.server_port < 65536:
+        raise VGenError(f"server_port must be in 1..65535, got {cfg.server_port}")
+    for d in cfg.allowed_dirs or []:
+        if not Path(d).expanduser().is_dir():
+            raise VGenError(f"allowed_dirs: {d} is not a directory")
+    from vgen.demo import launch
+    launch(cfg)
+
+
 def train(cfg: DictConfig):
     recipe = OmegaConf.to_object(cfg.recipe)
     from vgen.train.gpt import GPTTrainConfig, train_gpt

@@ -81,6 +81,16 @@ class EvalSchema:
 
 
 @dataclass
+class DemoSchema:
+    server_name: str = "127.0.0.1"
+    server_port: int = 7860
+    share: bool = False
+    model: str = "photos-gpt"
+    allowed_dirs: list[str] = field(default_factory=list)
+    device: str = "cpu"
+
+
+@dataclass
 class TrainSchema:
     recipe: Any = None
 
@@ -95,6 +105,7 @@ def register() -> None:
     cs.store(name="bench_schema", node=BenchSchema)
     cs.store(name="train_schema", node=TrainSchema)
     cs.store(name="eval_schema", node=EvalSchema)
+    cs.store(name="demo_schema", node=DemoSchema)
     cs.store(group="vgen_schema", name="model", node=ModelSchema)
     for name, cls in _REGISTRY.items():
         cs.store(group="vgen_schema", name=f"sampler_{name}", node=sampler_schema(cls))

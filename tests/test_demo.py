@@ -1,0 +1,184 @@
+"""The Gradio demo: handlers called directly, the app driven over HTTP with gradio_client, and the page
+rendered in headless Chromium."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vgen.errors import VGenError
+
+gr = pytest.importorskip("gradio")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from vgen.demo import Demo
+    return Demo()
+
+
+def test_race_runs_ar_as_baseline_and_reports_speed(demo):
+    res = demo.race("photos-gpt", None, "3: cat", 5, ["sjd"], {"window": 4, "init": "vertical", "top_k": 50})
+    assert [r["sampler"] for r in res] == ["ar", "sjd"]
+    ar, sjd = res
+    assert ar["speedup"] == 1.0 and ar["forward_passes"] == 256 and sjd["forward_passes"] < 256
+    assert sjd["pass_reduction"] == 256 / sjd["forward_passes"]
+    assert sjd["options"] == {"window": 4, "init": "vertical", "top_k": 50}  # only what sjd accepts
+    assert "window" not in ar["options"]
+    # the demo's image is the pipeline's image for the same class, seed and options
+    from vgen import load_pipeline
+    ref = load_pipeline("photos-gpt").generate([3], sampler="sjd", seed=5, window=4, init="vertical", top_k=50)
+    assert torch.equal(sjd["image"], ref.images[0])
+    assert sjd["step_map"].shape == (256,) and int(sjd["step_map"].max()) < sjd["forward_passes"]
+
+
+def test_heatmap_shows_the_decode_step(demo):
+    from vgen.demo import step_heatmap
+    m = step_heatmap(torch.arange(16), (4, 4), size=64)
+    assert m.shape == (64, 64, 3) and m.dtype == np.uint8
+    assert not np.array_equal(m[0, 0], m[-1, -1])  # first and last token differ in colour
+
+
+@pytest.mark.parametrize("args, msg", [
+    (("nope", None, 0, 0, ["ar"]), "unknown zoo model"),
+    (("photos-gpt", None, 99, 0, ["ar"]), "out of range"),
+    (("photos-gpt", None, "dog", 0, ["ar"]), "unknown class"),
+    (("photos-gpt", None, 0, -1, ["ar"]), "seed must be"),
+    (("photos-gpt", None, 0, 1.5, ["ar"]), "seed must be"),
+    (("photos-gpt", None, 0, 0, []), "at least one sampler"),
+    (("photos-gpt", None, 0, 0, ["warp"]), "unknown sampler"),
+    (("local folder...", "/etc", 0, 0, ["ar"]), "outside the folders this demo serves"),
+])
+def test_bad_input_gives_clear_errors(demo, args, msg):
+    with pytest.raises(VGenError, match=msg):
+        demo.race(*args, {})
+
+
+def test_bad_option_values_fail_before_sampling(demo):
+    with pytest.raises(VGenError, match="temperature"):
+        demo.race("photos-gpt", None, 0, 0, ["ar"], {"temperature": -1.0})
+
+
+def test_local_folders_only_inside_allowed_dirs(tiny_pipeline, tmp_path):
+    from vgen.demo import LOCAL, Demo
+    d = Demo(allowed_dirs=[str(tiny_pipeline.parent)])
+    res = d.race(LOCAL, str(tiny_pipeline), 1, 0, ["ar"], {})
+    assert res[0]["image"].shape[0] == 3
+    with pytest.raises(VGenError, match="outside"):
+        d.race(LOCAL, str(tmp_path.parent), 1, 0, ["ar"], {})
+    with pytest.raises(VGenError, match="outside"):
+        d.race(LOCAL, str(tiny_pipeline / ".." / ".." ), 1, 0, ["ar"], {})  # no escaping with ..
+    (tiny_pipeline.parent / "empty").mkdir()
+    with pytest.raises(VGenError, match="no pipeline.json"):
+        d.race(LOCAL, str(tiny_pipeline.parent / "empty"), 1, 0, ["ar"], {})
+
+
+@pytest.fixture(scope="module")
+def server():
+    from vgen.demo import Demo, build_app
+    port = free_port()
+    app = build_app(Demo())
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    app.close()
+
+
+def test_gradio_client_generate_endpoint_returns_the_png(server):
+    from gradio_client import Client
+    from PIL import Image
+
+    from vgen import load_pipeline
+    client = Client(server, verbose=False)
+    path = client.predict(3, 7, "ar", api_name="/generate")
+    assert Path(path).suffix == ".png"
+    got = np.asarray(Image.open(path).convert("RGB"))
+    ref = load_pipeline("photos-gpt").generate([3], seed=7).images[0].permute(1, 2, 0).numpy()
+    assert np.array_equal(got, ref)  # lossless, same bytes as the pipeline
+    with pytest.raises(Exception, match="out of range"):
+        client.predict(99, 0, "ar", api_name="/generate")  # the UI error reaches the client, no traceback
+
+
+def test_gradio_client_race_endpoint(server):
+    from gradio_client import Client
+    client = Client(server, verbose=False)
+    images, maps, table = client.predict("photos-gpt", "", "1: brick", 2, ["ar", "gsd"], 3.0, 100, 1.0, 4,
+                                         "vertical", 0.1, api_name="/race")
+    assert len(images) == 2 and len(maps) == 2
+    rows = table["data"]
+    assert [r[0] for r in rows] == ["ar", "gsd"] and rows[0][3] == 1.0
+
+
+def chromium() -> str:
+    """The Debian chromium package, installed with apt-get when missing (skip only where that cannot work)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if exe:
+        return exe
+    if os.geteuid() == 0:
+        prefix = []
+    elif shutil.which("sudo"):
+        prefix = ["sudo", "-n"]
+    else:
+        pytest.skip("chromium is missing and this user cannot run apt-get (not root, no sudo)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = prefix + ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"]
+    r = subprocess.run(install, capture_output=True, text=True, timeout=1200, env=env)
+    if r.returncode != 0:  # stale package lists: refresh once and retry
+        subprocess.run(prefix + ["apt-get", "update", "-qq"], capture_output=True, text=True, timeout=600, env=env)
+        r = subprocess.run(install, capture_output=True, text=True, timeout=1200, env=env)
+    exe = shutil.which("chromium")
+    if r.returncode != 0 or not exe:
+        pytest.skip(f"chromium could not be installed with apt-get: {r.stderr.strip()[-300:]}")
+    return exe
+
+
+@pytest.mark.slow
+def test_browser_renders_the_controls(server, tmp_path):
+    exe = chromium()
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             "--virtual-time-budget=15000", "--window-size=1280,1400"]
+    shot = tmp_path / "demo.png"
+    subprocess.run(flags + [f"--screenshot={shot}", server], capture_output=True, timeout=180)
+    dom = subprocess.run(flags + ["--dump-dom", server], capture_output=True, text=True, timeout=180).stdout
+    assert shot.exists() and shot.stat().st_size > 10_000
+    for text in ("Generate", "samplers", "model", "class", "seed", "sjd", "lantern"):
+        assert text in dom, f"{text!r} not rendered"
+    from PIL import Image
+    img = np.asarray(Image.open(shot).convert("L"))
+    assert img.std() > 5  # not a blank page
+    out = os.environ.get("VGEN_DEMO_SCREENSHOT")
+    if out:
+        shutil.copy(shot, out)
+
+
+def test_vgen_demo_command_serves_the_app(tmp_path):
+    import time
+    import urllib.request
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "vgen", "demo", f"server_port={port}"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        t0, body = time.time(), ""
+        while time.time() - t0 < 120 and p.poll() is None:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read().decode()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert "vgen: samplers side by side" in body or "gradio" in body.lower()
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
+    r = subprocess.run([sys.executable, "-m", "vgen", "demo", "model=nope"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
