@@ -61,3 +61,33 @@ def micro_gpt():
     m = build("gpt", dim=32, n_layer=2, n_head=2, vocab_size=4, num_classes=3, block_size=4)
     torch.nn.init.normal_(m.output.weight, std=0.15)
     return m.eval()
+
+
+@pytest.fixture
+def tiny_msvq():
+    from vgen.models import build
+    torch.manual_seed(2)
+    return build("msvq", vocab_size=32, z_channels=8, ch=32, ch_mult=[1, 2], num_res_blocks=1,
+                 v_patch_nums=[1, 2, 3, 4]).eval()
+
+
+@pytest.fixture
+def tiny_var(tiny_msvq):
+    """A random 2-block VAR over 4 scales (30 tokens) bound to tiny_msvq. The official init makes blocks nearly
+    the identity (AdaLN gains 1e-5) and the head tiny: randomised so attention, and the cache, matter."""
+    from vgen.models import build
+    torch.manual_seed(0)
+    m = build("var", vocab_size=32, Cvae=8, depth=2, embed_dim=64, num_heads=2, num_classes=4,
+              patch_nums=[1, 2, 3, 4]).init_weights()
+    torch.nn.init.normal_(m.head.weight, std=0.3)
+    for blk in m.blocks:
+        torch.nn.init.normal_(blk.ada_lin[-1].weight, std=0.1)
+        torch.nn.init.normal_(blk.attn.mat_qkv.weight, std=0.3)
+    return m.eval().attach_tokenizer(tiny_msvq)
+
+
+@pytest.fixture
+def tiny_var_pipeline(tmp_path, tiny_var, tiny_msvq):
+    from vgen.pipeline import save_pipeline
+    return save_pipeline(tmp_path / "tinyvar", tiny_var, tiny_msvq, model_kind="var", tokenizer_kind="msvq",
+                         class_names=["a", "b", "c", "d"], sampling={"cfg": 1.5, "top_k": 8})

@@ -82,3 +82,61 @@ def test_conformance_state_dict_round_trip(conf_dir):
         assert set(ours) == set(sd)
         for k in sd:
             assert torch.equal(ours[k], sd[k]), k
+
+
+# ---- VAR + multi-scale VQVAE --------------------------------------------------------------------------------
+def _var(conf_dir):
+    io = load_io(conf_dir, "var")
+    c = io["config"]
+    vae = load_official("var-vqvae", conf_dir / "var_vqvae.safetensors", v_patch_nums=list(c["patch_nums"]))
+    var = load_official("var", conf_dir / "var.safetensors")  # every field read from the tensors
+    assert var.patch_nums == list(c["patch_nums"]) and var.config.depth == c["depth"]
+    assert var.vocab_size == c["V"] and var.config.Cvae == c["Cvae"] and var.num_classes == c["num_classes"]
+    return var.attach_tokenizer(vae), vae, io
+
+
+def test_conformance_var_vqvae_indices_and_reconstruction(conf_dir):
+    _, vae, io = _var(conf_dir)
+    with torch.no_grad():
+        idx = vae.encode_scales(io["image"])
+        rec = vae.decode_scales(io["idx_list"])
+        var_input = vae.quantize.teacher_input(io["idx_list"])
+    assert len(idx) == len(io["idx_list"])
+    for a, b in zip(idx, io["idx_list"]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(rec, io["recon"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(var_input, io["var_input"], atol=1e-4, rtol=0)
+
+
+def test_conformance_var_teacher_forced_logits(conf_dir):
+    var, _, io = _var(conf_dir)
+    with torch.no_grad():
+        logits = var(io["labels"], io["var_input"])
+    torch.testing.assert_close(logits, io["logits"], atol=1e-4, rtol=0)
+
+
+def test_conformance_var_greedy_generation_cfg15(conf_dir):
+    """The sampler's KV-cached, scale-by-scale path picks the official tokens and image (cfg 1.5, top-k 1)."""
+    var, vae, io = _var(conf_dir)
+    labels = io["labels"]
+    tokens, stats = sample(var, labels, "var", cfg=1.5, top_k=1)
+    ref = torch.cat(io["greedy_idx_cfg1.5"], dim=1)
+    assert torch.equal(tokens, ref)
+    assert stats["forward_passes"] == len(var.patch_nums)
+    with torch.no_grad():
+        img = vae.decode_codes(tokens).add(1).mul(0.5)
+    torch.testing.assert_close(img, io["greedy_img_cfg1.5"], atol=1e-4, rtol=0)
+
+
+def test_conformance_var_key_mismatch_is_explained(conf_dir):
+    from vgen.errors import VGenError
+    sd = load_file(conf_dir / "var.safetensors")
+    broken = {k.replace("attn.mat_qkv", "attn.qkv"): v for k, v in sd.items()}
+    with pytest.raises(VGenError) as e:
+        load_official("var", broken)
+    msg = str(e.value)
+    assert "missing keys: " in msg and "blocks.0.attn.mat_qkv.weight" in msg
+    assert "unexpected keys: " in msg and "blocks.0.attn.qkv.weight" in msg
+    assert "the tensors suggest" in msg
+    with pytest.raises(VGenError, match="load_official\\('var-vqvae'"):
+        load_official("var", conf_dir / "var_vqvae.safetensors")

@@ -182,3 +182,14 @@ def test_vgen_demo_command_serves_the_app(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vgen", "demo", "model=nope"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_pipeline):
+    from vgen.demo import LOCAL, Demo
+    d = Demo(allowed_dirs=[str(tiny_var_pipeline.parent)])
+    res = d.race(LOCAL, str(tiny_var_pipeline), 1, 0, ["var"], {"kv_compression": "uniform", "kv_budget": 0.25})
+    assert [r["sampler"] for r in res] == ["var (full cache)", "var (uniform 25%)"]
+    assert res[1]["kv_cache_bytes"] < res[0]["kv_cache_bytes"] and res[0]["forward_passes"] == 4
+    assert all(r["step_map"] is None for r in res)  # a pyramid, not one grid: no heatmap
+    with pytest.raises(VGenError, match="next-scale model: use one of var"):
+        d.race(LOCAL, str(tiny_var_pipeline), 1, 0, ["sjd"], {})

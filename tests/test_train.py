@@ -50,3 +50,28 @@ def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
     clf = load_photo_classifier(tmp_path / "cls" / "classifier.safetensors")
     feats, logits = clf(torch.zeros(2, 3, 64, 64, dtype=torch.uint8))
     assert feats.shape == (2, clf.num_features) and logits.shape == (2, 16) and clf.arch == "test_resnet"
+
+
+def test_msvq_and_var_recipes_run_resume_and_export(tmp_path):
+    from vgen.train.msvq import MSVQTrainConfig, train_msvq
+    from vgen.train.var import VARTrainConfig, train_var
+    mcfg = MSVQTrainConfig(out=str(tmp_path / "msvq"), steps=2, batch_size=4, save_every=1, eval_n=8,
+                           restart_every=1, model=dict(vocab_size=32, z_channels=8, ch=32, ch_mult=[1, 2, 2],
+                                                       num_res_blocks=1, v_patch_nums=[1, 2, 4, 8, 16]))
+    m = train_msvq(mcfg)
+    assert 0 < m["codebook_usage"] <= 1 and m["test_psnr"] > 0
+    mcfg.steps = 3  # resume continues from step 2
+    train_msvq(mcfg)
+    log = [json.loads(l) for l in (tmp_path / "msvq" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r.get("final")] == [2, 3]
+    vae = load_official("msvq", tmp_path / "msvq" / "msvq.safetensors")
+    assert vae.patch_nums == [1, 2, 4, 8, 16]  # scale schedule travels in the metadata
+
+    vcfg = VARTrainConfig(out=str(tmp_path / "var"), tokenizer=str(tmp_path / "msvq" / "msvq.safetensors"), steps=2,
+                          batch_size=4, n_train=8, n_test=4, save_every=1,
+                          model=dict(vocab_size=32, Cvae=8, depth=1, embed_dim=32, num_heads=2, num_classes=16,
+                                     patch_nums=[1, 2, 4, 8, 16]))
+    vm = train_var(vcfg)
+    assert vm["test_loss"] > 0 and vm["steps"] == 2 and len(vm["test_loss_per_scale"]) == 5
+    var = load_official("var", tmp_path / "var" / "var.safetensors")
+    assert var.config.embed_dim == 32 and var.patch_nums == [1, 2, 4, 8, 16]

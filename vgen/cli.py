@@ -1,6 +1,6 @@
 """The ``vgen`` command: ``vgen <command> [hydra overrides ...]``.
 
-Commands: sample, bench, train. Each is a Hydra app over the configs shipped in ``vgen/configs``, so
+Commands: sample, bench, eval, demo, scalekv, train. Each is a Hydra app over the configs shipped in ``vgen/configs``, so
 overrides, ``--cfg job``, multirun (``-m``) and launchers work as in any Hydra program.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ COMMANDS = {
     "bench": "time samplers x batch sizes side by side (table, bench.json, plots)",
     "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), `vgen eval npz`",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
-    "train": "run a zoo training recipe (recipe=vq|gpt|photo), resumable",
+    "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",
+    "train": "run a zoo training recipe (recipe=vq|gpt|photo|msvq|var), resumable",
 }
 
 
@@ -37,12 +38,12 @@ def _group_options(group: str) -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml"))
 
 
-def _precheck(overrides: list[str]) -> None:
+def _precheck(overrides: list[str], command: str = "sample") -> None:
     """One-line errors for unknown config-group choices, before Hydra composes anything."""
     for o in overrides:
         key, sep, value = o.partition("=")
         key = key.lstrip("+~")
-        if sep and key in ("model", "sampler", "recipe"):
+        if sep and key in ("model", "sampler", "recipe") and not (key == "model" and command == "demo"):
             valid = _group_options(key)
             if "(" in value:  # a sweep function (choice(...), glob(...)): Hydra checks it
                 continue
@@ -65,12 +66,14 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command == "eval" and rest and "=" not in rest[0] and not rest[0].startswith("-"):
         rest = [f"metric={rest[0]}"] + rest[1:]  # `vgen eval fid ...` -> metric=fid
+    if command == "scalekv" and rest and "=" not in rest[0] and not rest[0].startswith("-"):
+        rest = [f"action={rest[0]}"] + rest[1:]  # `vgen scalekv calibrate ...` -> action=calibrate
     if command not in COMMANDS:
         print(f"vgen: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
 
     try:
-        _precheck(rest)
+        _precheck(rest, command)
     except VGenError as e:
         print(f"vgen {command}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -30,6 +30,12 @@ def _labels(cfg, num_classes: int) -> list[int]:
     return [int(base[i % len(base)]) for i in range(cfg.num_samples)]
 
 
+def _overridden(key: str) -> bool:
+    """Whether the command line chose config group ``key`` (e.g. sampler=...)."""
+    from vgen.eval.bench import _overrides
+    return any(o.split("=")[0].lstrip("+~") == key for o in _overrides())
+
+
 def _output_dir(cfg) -> Path:
     """Hydra's job folder: ``outdir`` for a single run, ``outdir/<job number>`` in a multirun sweep."""
     try:
@@ -56,8 +62,11 @@ def sample(cfg: DictConfig):
 
     name = cfg.model.path or cfg.model.name
     card = read_card(name)
-    sampler_name = cfg.sampler.name
-    opts = dataclasses.asdict(resolve_sampler(card, sampler_name, card.get("vocab_size"), **_options(cfg.sampler)).options)
+    sampler_name, given = cfg.sampler.name, _options(cfg.sampler)
+    if card.get("generation") == "next-scale" and sampler_name == "ar" and not _overridden("sampler"):
+        from vgen.demo import baseline_sampler
+        sampler_name, given = baseline_sampler(card), {}  # `vgen sample model=photos-var`: its own sampler
+    opts = dataclasses.asdict(resolve_sampler(card, sampler_name, card.get("vocab_size"), **given).options)
     labels = _labels(cfg, int(card["num_classes"]))
     out = _output_dir(cfg)
     n = len(labels)
@@ -217,6 +226,8 @@ def train(cfg: DictConfig):
     recipe = OmegaConf.to_object(cfg.recipe)
     from vgen.train.gpt import GPTTrainConfig, train_gpt
     from vgen.train.photo import PhotoTrainConfig, train_photo
+    from vgen.train.msvq import MSVQTrainConfig, train_msvq
+    from vgen.train.var import VARTrainConfig, train_var
     from vgen.train.vq import VQTrainConfig, train_vq
     if isinstance(recipe, PhotoTrainConfig):
         metrics = train_photo(recipe)
@@ -227,7 +238,42 @@ def train(cfg: DictConfig):
             raise VGenError(f"tokenizer {recipe.tokenizer} not found: train it first (vgen train recipe=vq) or "
                             "point recipe.tokenizer at a VQ safetensors file")
         metrics = train_gpt(recipe)
+    elif isinstance(recipe, MSVQTrainConfig):
+        metrics = train_msvq(recipe)
+    elif isinstance(recipe, VARTrainConfig):
+        if not Path(recipe.tokenizer).exists():
+            raise VGenError(f"tokenizer {recipe.tokenizer} not found: train it first (vgen train recipe=msvq) or "
+                            "point recipe.tokenizer at a multi-scale VQVAE safetensors file")
+        metrics = train_var(recipe)
     else:
         raise VGenError(f"unknown recipe {type(recipe).__name__}")
     print(json.dumps(metrics, indent=2))
     return metrics
+
+
+def scalekv(cfg: DictConfig):
+    """`vgen scalekv calibrate model=<zoo model> (or model.path=<folder>) budget=0.1 [num_samples=16 out=...]`."""
+    from vgen.io import atomic_write_json
+    from vgen.pipeline import Pipeline, read_card
+    if cfg.action != "calibrate":
+        raise VGenError(f"unknown scalekv action {cfg.action!r}: use `vgen scalekv calibrate model=...`")
+    name = cfg.model.path or cfg.model.name
+    card = read_card(name)
+    if card.get("generation", "next-token") != "next-scale" and card.get("model_kind") != "var":
+        raise VGenError(f"{name} is not a next-scale model: ScaleKV compresses the growing cache of VAR-style "
+                        "models (e.g. model=photos-var)")
+    if not 0 < cfg.budget <= 1:
+        raise VGenError(f"budget must be in (0, 1] (fraction of the full cache kept), got {cfg.budget}")
+    if cfg.num_samples < 1:
+        raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
+    out = Path(cfg.out or f"scalekv_{Path(str(name)).name}_{cfg.budget:g}.json")
+    from vgen.samplers.var import calibrate_scalekv
+    pipe = Pipeline.from_pretrained(name, device=cfg.device)
+    cal = calibrate_scalekv(pipe, cfg.budget, cfg.num_samples, cfg.seed, cfg.batch_size, cfg.max_ratio,
+                            progress=cfg.progress)
+    atomic_write_json(out, cal)
+    for e in cal["scales"]:
+        print(f"after scale {e['keep_after_scale']} (used by {e['used_by_scale']}): drafters {e['drafters']} "
+              f"x{e['drafter_ratio']:.2f}, weights {[round(w, 2) for w in e['weights']]}")
+    print(f"wrote {out}")
+    return cal

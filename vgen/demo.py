@@ -101,7 +101,9 @@ class Demo:
     # ------------------------------------------------------------------ work
     def race(self, model: str, folder: str | None, cls, seed, samplers: list[str], options: dict,
              progress=None) -> list[dict]:
-        """Run AR and every chosen sampler on (class, seed); everything is validated before any sampling."""
+        """Run the baseline (AR; VAR for next-scale models) and every chosen sampler on (class, seed); everything
+        is validated before any sampling."""
+        from vgen.pipeline import read_card
         from vgen.samplers import list_samplers
         name = self.resolve_model(model, folder)
         c, s = self.parse_class(name, cls), self.parse_seed(seed)
@@ -111,20 +113,32 @@ class Demo:
         for x in chosen:
             if x not in list_samplers():
                 raise VGenError(f"unknown sampler {x!r}; available: {', '.join(list_samplers())}")
-        order = ["ar"] + [x for x in chosen if x != "ar"]
-        opts = {x: self.options_for(name, x, options) for x in order}
+        base = baseline_sampler(read_card(name))
+        # (label, sampler, options): the baseline first; for a next-scale model with KV compression chosen,
+        # the full-cache run is the baseline and the compressed run races it
+        comp = (options or {}).get("kv_compression")
+        runs = []
+        for x in [base] + [x for x in chosen if x != base]:
+            o = self.options_for(name, x, options)
+            if x == "var" and comp not in (None, "none"):
+                runs.append(("var (full cache)", x, {**o, "kv_compression": "none"}))
+                runs.append((f"var ({comp} {o.get('kv_budget', 0.1):.0%})", x, o))
+            else:
+                runs.append((x, x, o))
         pipe = self.pipeline(name)
         results = []
-        for k, x in enumerate(order):
+        for k, (label, x, o) in enumerate(runs):
             if progress is not None:
-                progress(k / len(order), desc=f"{x} ({k + 1}/{len(order)})")
+                progress(k / len(runs), desc=f"{label} ({k + 1}/{len(runs)})")
             t0 = time.perf_counter()
-            gen = pipe.generate([c], sampler=x, seed=s, **opts[x])
+            gen = pipe.generate([c], sampler=x, seed=s, **o)
             sec = time.perf_counter() - t0
-            results.append({"sampler": x, "image": gen.images[0], "seconds": gen.stats["sample_seconds"],
+            results.append({"sampler": label, "image": gen.images[0], "seconds": gen.stats["sample_seconds"],
                             "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
-                            "step_map": gen.step_map[0] if gen.step_map is not None else None,
-                            "grid": pipe.model.grid, "options": opts[x]})
+                            "step_map": gen.step_map[0] if gen.step_map is not None
+                            and gen.step_map.shape[1] == pipe.model.grid[0] * pipe.model.grid[1] else None,
+                            "grid": pipe.model.grid, "options": o,
+                            "kv_cache_bytes": gen.stats.get("kv_cache_bytes")})
         if progress is not None:
             progress(1.0, desc="done")
         ar = results[0]
@@ -142,6 +156,17 @@ class Demo:
         c, s = self.parse_class(name, cls), self.parse_seed(seed)
         gen = self.pipeline(name).generate([c], sampler=sampler, seed=s)
         return gen.images[0].permute(1, 2, 0).contiguous().numpy()
+
+
+def baseline_sampler(card: dict) -> str:
+    """The reference every other sampler races against: AR for next-token models, VAR for next-scale ones."""
+    return "var" if card.get("generation") == "next-scale" else "ar"
+
+
+def compatible_samplers(card: dict) -> list[str]:
+    from vgen.samplers import get_sampler, list_samplers
+    kind = card.get("generation", "next-token")
+    return [n for n in list_samplers() if get_sampler(n).generation == kind]
 
 
 def step_heatmap(step_map: torch.Tensor, grid: tuple[int, int], size: int = 192) -> np.ndarray:
@@ -166,24 +191,37 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
     names = demo.class_names(default_model)
     samplers = list_samplers()
 
+    def fitting(name):
+        from vgen.pipeline import read_card
+        try:
+            return compatible_samplers(read_card(name))
+        except VGenError:
+            return samplers
+
+    default_fits = fitting(default_model)
+
     def on_model(model, folder):
         try:
-            n = demo.class_names(demo.resolve_model(model, folder))
+            name = demo.resolve_model(model, folder)
+            n, fits = demo.class_names(name), fitting(name)
         except VGenError:
-            n = names if model != LOCAL else []
+            n, fits = (names if model != LOCAL else []), samplers
+        value = [x for x in ("ar", "sjd") if x in fits] or fits[:1]
         return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None), \
-            gr.update(visible=model == LOCAL)
+            gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value)
 
     def on_generate(model, folder, cls, seed, chosen, cfg_scale, top_k, temperature, window, init, delta,
-                    progress=gr.Progress()):
+                    kv_compression="none", kv_budget=0.1, progress=gr.Progress()):
         opts = dict(cfg_scale=cfg_scale, top_k=int(top_k) if top_k is not None else None, temperature=temperature,
-                    window=int(window) if window is not None else None, init=init, delta=delta)
+                    window=int(window) if window is not None else None, init=init, delta=delta,
+                    kv_compression=kv_compression, kv_budget=kv_budget)
         try:
             results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress)
         except VGenError as e:
             raise gr.Error(str(e)) from None
+        base = results[0]["sampler"]
         images = [(r["image"].permute(1, 2, 0).numpy(), f"{r['sampler']}: {r['seconds']:.2f} s, "
-                   f"{r['forward_passes']} passes, {r['speedup']:.2f}x AR") for r in results]
+                   f"{r['forward_passes']} passes, {r['speedup']:.2f}x {base}") for r in results]
         maps = [(step_heatmap(r["step_map"], r["grid"]), f"{r['sampler']}: {r['forward_passes']} passes")
                 for r in results if r["step_map"] is not None]
         table = [[r["sampler"], round(r["seconds"], 3), r["forward_passes"], round(r["speedup"], 2),
@@ -200,8 +238,9 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
                                     placeholder="a folder with pipeline.json inside the served directories")
                 cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}", label="class")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
-                chosen = gr.CheckboxGroup(samplers, value=[x for x in ("ar", "sjd") if x in samplers],
-                                          label="samplers (AR always runs as the baseline)")
+                chosen = gr.CheckboxGroup(default_fits, value=[x for x in ("ar", "sjd") if x in default_fits]
+                                          or default_fits[:1],
+                                          label="samplers (AR, or VAR for next-scale models, runs as the baseline)")
                 with gr.Accordion("options", open=False):
                     cfg_scale = gr.Slider(0.0, 10.0, value=3.0, step=0.5, label="cfg_scale")
                     top_k = gr.Number(100, label="top_k (0: off)", precision=0, minimum=0)
@@ -210,15 +249,19 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
                     init = gr.Dropdown(["random", "horizontal", "vertical", "sample"], value="vertical",
                                        label="draft init (speculative samplers)")
                     delta = gr.Slider(0.0, 0.5, value=0.1, step=0.05, label="delta (lantern)")
+                    kv_compression = gr.Dropdown(["none", "scalekv", "uniform"], value="none",
+                                                 label="KV compression (next-scale models)")
+                    kv_budget = gr.Slider(0.02, 1.0, value=0.1, step=0.02, label="KV budget (fraction kept)")
                 button = gr.Button("Generate", variant="primary")
             with gr.Column(scale=2):
                 images = gr.Gallery(label="samples", columns=4, format="png", height="auto")
                 maps = gr.Gallery(label="decode step per token", columns=4, format="png", height="auto")
-                table = gr.Dataframe(headers=["sampler", "seconds", "forward passes", "x AR (time)",
-                                              "x AR (passes)"], label="speed", interactive=False)
-        model.change(on_model, [model, folder], [cls, folder], api_name=False)
-        folder.submit(on_model, [model, folder], [cls, folder], api_name=False)
-        inputs = [model, folder, cls, seed, chosen, cfg_scale, top_k, temperature, window, init, delta]
+                table = gr.Dataframe(headers=["sampler", "seconds", "forward passes", "x baseline (time)",
+                                              "x baseline (passes)"], label="speed", interactive=False)
+        model.change(on_model, [model, folder], [cls, folder, chosen], api_name=False)
+        folder.submit(on_model, [model, folder], [cls, folder, chosen], api_name=False)
+        inputs = [model, folder, cls, seed, chosen, cfg_scale, top_k, temperature, window, init, delta,
+                  kv_compression, kv_budget]
         button.click(on_generate, inputs, [images, maps, table], api_name="race")
 
         # The scripted endpoint: class id, seed, sampler -> PNG file (model card settings).

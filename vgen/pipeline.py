@@ -48,16 +48,33 @@ def read_card(name_or_path: str) -> dict:
 
 
 def card_sampling_defaults(card: dict, sampler: str) -> dict:
-    """A card's recommended options, restricted to what ``sampler`` accepts (unknown sampler: clear error)."""
+    """A card's recommended options, restricted to what ``sampler`` accepts (unknown sampler: clear error).
+    Options naming files (``*_calibration``) are resolved against the card's folder."""
     from vgen.samplers import get_sampler
     fields = {f.name for f in dataclasses.fields(get_sampler(sampler).Options)}
-    return {k: v for k, v in (card.get("sampling") or {}).items() if k in fields}
+    out = {k: v for k, v in (card.get("sampling") or {}).items() if k in fields}
+    for k, v in out.items():
+        if k.endswith("_calibration") and isinstance(v, str) and "_folder" in card and not Path(v).is_absolute():
+            out[k] = str(Path(card["_folder"]) / v)
+    return out
+
+
+def check_generation(card: dict, sampler: str) -> None:
+    """A next-token sampler cannot drive a next-scale model and vice versa: say so before loading weights."""
+    from vgen.samplers import get_sampler, list_samplers
+    kind = card.get("generation", "next-token")
+    s = get_sampler(sampler)
+    if s.generation != kind:
+        fits = [n for n in list_samplers() if get_sampler(n).generation == kind]
+        raise VGenError(f"sampler {sampler!r} does {s.generation} generation but this model ({card.get('name', '?')}) "
+                        f"is a {kind} model: use one of {', '.join(fits)}")
 
 
 def resolve_sampler(card: dict, sampler: str, vocab_size: int | None, **options):
     """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, validated.
     Needs only the card, so callers can check their input before any weights are loaded."""
     from vgen.samplers import get_sampler
+    check_generation(card, sampler)
     opts = {**card_sampling_defaults(card, sampler), **{k: v for k, v in options.items() if v is not None}}
     s = get_sampler(sampler, **opts)
     s.options.validate(vocab_size)
@@ -79,6 +96,9 @@ class Pipeline:
         self.model = model.eval()
         self.tokenizer = tokenizer.eval()
         self.card = card or {}
+        if hasattr(model, "attach_tokenizer"):  # next-scale models build each scale's input with the tokenizer
+            model.attach_tokenizer(tokenizer)
+        self.card.setdefault("generation", getattr(model, "generation", "next-token"))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -171,7 +191,7 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
     save_safetensors(model.state_dict(), folder / mfile, metadata={"config": json.dumps(model.config_dict())})
     save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
     card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
-            "num_classes": model.num_classes, "vocab_size": model.vocab_size,
+            "generation": getattr(model, "generation", "next-token"), "num_classes": model.num_classes, "vocab_size": model.vocab_size,
             "class_names": class_names or [str(i) for i in range(model.num_classes)],
             "sampling": sampling or {}, **(extra or {})}
     atomic_write_json(folder / "pipeline.json", card)

@@ -60,6 +60,8 @@ class BenchSchema:
     device: str = "cpu"
     options: dict = field(default_factory=dict)
     fid_samples: int = 0  # FID-photo of this many samples per setting (0: off)
+    fidelity_reference: Optional[str] = None  # a sampler setting (e.g. "var": the full KV cache) to compare to
+    fidelity_samples: int = 0  # PSNR / FID-photo against the reference's images on this many samples
     fid_reference: str = "photos-test"
 
 
@@ -91,6 +93,20 @@ class DemoSchema:
 
 
 @dataclass
+class ScaleKVSchema:
+    action: str = "calibrate"
+    model: Any = None
+    budget: float = 0.1
+    num_samples: int = 16
+    seed: int = 0
+    batch_size: int = 8
+    max_ratio: float = 8.0
+    out: Optional[str] = None  # default: scalekv_<model>_<budget>.json in the current directory
+    device: str = "cpu"
+    progress: bool = True
+
+
+@dataclass
 class TrainSchema:
     recipe: Any = None
 
@@ -98,7 +114,9 @@ class TrainSchema:
 def register() -> None:
     from vgen.samplers.base import _REGISTRY
     from vgen.train.gpt import GPTTrainConfig
+    from vgen.train.msvq import MSVQTrainConfig
     from vgen.train.photo import PhotoTrainConfig
+    from vgen.train.var import VARTrainConfig
     from vgen.train.vq import VQTrainConfig
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
@@ -106,9 +124,12 @@ def register() -> None:
     cs.store(name="train_schema", node=TrainSchema)
     cs.store(name="eval_schema", node=EvalSchema)
     cs.store(name="demo_schema", node=DemoSchema)
+    cs.store(name="scalekv_schema", node=ScaleKVSchema)
     cs.store(group="vgen_schema", name="model", node=ModelSchema)
     for name, cls in _REGISTRY.items():
         cs.store(group="vgen_schema", name=f"sampler_{name}", node=sampler_schema(cls))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)
     cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_msvq", node=MSVQTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_var", node=VARTrainConfig)

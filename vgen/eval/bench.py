@@ -72,13 +72,17 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name.strip(), opts
 
 
-def _cells(models, variants, batch_sizes, baseline: bool):
+def _cells(models, variants, batch_sizes, baseline: bool, fits=None):
+    """(model, setting, batch) cells; ``fits(m, v)`` drops settings a model cannot run (a next-token sampler on
+    a next-scale model); the official LlamaGen loop only runs on next-token models."""
+    fits = fits or (lambda m, v: True)
     for m in models:
         for b in batch_sizes:
-            if baseline:
+            if baseline and fits(m, BASELINE):
                 yield (m, BASELINE, b)
             for v in variants:
-                yield (m, v, b)
+                if fits(m, v):
+                    yield (m, v, b)
 
 
 def run_bench(cfg) -> dict:
@@ -107,12 +111,26 @@ def run_bench(cfg) -> dict:
         if b < 1:
             raise VGenError(f"batch sizes must be >= 1, got {b}")
     cards = {m: read_card(m) for m in cfg.models}
-    for m in cfg.models:  # unknown samplers / options -> clear error before loading anything
-        for name, o in parsed.values():
+    from vgen.samplers import get_sampler
+
+    def fits(m, v):
+        kind = cards[m].get("generation", "next-token")
+        return kind == "next-token" if v == BASELINE else get_sampler(parsed[v][0]).generation == kind
+    for v, (name, o) in parsed.items():  # unknown samplers / options -> clear error before loading anything
+        ms = [m for m in cfg.models if fits(m, v)]
+        if not ms:
+            raise VGenError(f"sampler setting {v!r} fits none of the models {list(cfg.models)} (next-token samplers "
+                            "drive GPT-like models, `var` drives next-scale models)")
+        for m in ms:
             resolve_sampler(cards[m], name, cards[m].get("vocab_size"), **{**opts_all, **o})
+    fref = cfg.get("fidelity_reference")
+    if fref is not None and str(fref) not in parsed:
+        raise VGenError(f"fidelity_reference {fref!r} must be one of the sampler settings {variants}")
+    if cfg.get("fidelity_samples", 0) < 0:
+        raise VGenError(f"fidelity_samples must be >= 0, got {cfg.fidelity_samples}")
     pipes = {m: Pipeline.from_pretrained(m, device=cfg.device) for m in cfg.models}
     out = Path(cfg.outdir)
-    cells = list(_cells(cfg.models, variants, list(cfg.batch_sizes), cfg.baseline))
+    cells = list(_cells(cfg.models, variants, list(cfg.batch_sizes), cfg.baseline, fits))
 
     def run_cell(m, v, b):
         """num_samples images (labels i % classes, seeds seed + i), at most b per forward pass (speculative
@@ -168,7 +186,10 @@ def run_bench(cfg) -> dict:
                 if mem.cuda_peak is not None:
                     cuda[c] = max(cuda[c], mem.cuda_peak)
                 bar.update(1)
-    quality = _quality(cfg, pipes, parsed, opts_all) if cfg.fid_samples else {}
+    quality = _quality(cfg, pipes, parsed, opts_all, fits) if cfg.fid_samples else {}
+    if fref is not None and cfg.get("fidelity_samples", 0):
+        for key, val in _fidelity(cfg, pipes, parsed, opts_all, fits, str(fref)).items():
+            quality.setdefault(key, {}).update(val)
 
     rows = []
     for (m, v, b), runs in results.items():
@@ -184,11 +205,19 @@ def run_bench(cfg) -> dict:
         if cuda[(m, v, b)] is not None:
             row["peak_cuda_mb"] = cuda[(m, v, b)]
         row.update(quality.get((m, v), {}))
-        for k in ("nll", "acceptance_rate"):
+        for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction"):
             if k in r0:
                 row[k] = r0[k]
         rows.append(row)
     for r in rows:
+        if fref is not None:
+            base = next((x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
+                         and x["sampler"] == str(fref)), None)
+            if base is not None:
+                r["speedup_vs_ref"] = base["seconds"] / r["seconds"]
+                r["kv_vs_ref"] = r["kv_cache_bytes"] / base["kv_cache_bytes"]
+                if "peak_rss_mb" in base:
+                    r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
         for ref in (BASELINE, "ar"):
             base = next((x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
                          and x["sampler"] == ref), None)
@@ -219,7 +248,35 @@ def run_bench(cfg) -> dict:
     return report
 
 
-def _quality(cfg, pipes, parsed, opts_all) -> dict:
+def _fidelity(cfg, pipes, parsed, opts_all, fits, ref: str) -> dict:
+    """Closeness of every setting to the reference setting (e.g. the full KV cache) on the same labels and
+    seeds: mean PSNR of the images against the reference images, and FID-photo with the reference images as
+    the reference set. Not timed."""
+    from tqdm.auto import tqdm
+
+    import vgen.eval as ev
+    from vgen.train.vq import psnr
+    out = {}
+    n = cfg.fidelity_samples
+    for m, pipe in pipes.items():
+        if not fits(m, ref):
+            continue
+        labels = [i % pipe.num_classes for i in range(n)]
+
+        def images(v):
+            name, o = parsed[v]
+            return pipe.generate(labels, sampler=name, seed=cfg.seed, batch_size=max(cfg.batch_sizes),
+                                 **{**opts_all, "compile": cfg.compile, **o}).images
+        base = images(ref)
+        for v in tqdm([v for v in parsed if fits(m, v)], desc=f"fidelity to {ref}", unit="setting"):
+            imgs = base if v == ref else images(v)
+            r = ev.fid(imgs, base, isc=False, kid_subset_size=min(n, 100)) if v != ref else {"fid": 0.0}
+            out[(m, v)] = {"psnr_vs_ref": psnr(imgs, base) if v != ref else float("inf"),
+                           "fid_vs_ref": r["fid"], "fidelity_samples": n}
+    return out
+
+
+def _quality(cfg, pipes, parsed, opts_all, fits=None) -> dict:
     """FID-photo (and KID) of ``fid_samples`` images per model and sampler setting against photos-test.
     Samples do not depend on the batch size (sample i uses seed seed + i in any batch), so one set per
     setting serves every batch size. Not timed."""
@@ -227,7 +284,7 @@ def _quality(cfg, pipes, parsed, opts_all) -> dict:
 
     import vgen.eval as ev
     out = {}
-    todo = [(m, v) for m in pipes for v in parsed]
+    todo = [(m, v) for m in pipes for v in parsed if fits is None or fits(m, v)]
     for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
         pipe = pipes[m]
         name, o = parsed[v]
@@ -255,6 +312,8 @@ def markdown_table(rows: list[dict]) -> str:
             ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"),
             ("FID-photo", "fid_photo", "{:.2f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("KV kept", "kv_kept_fraction", "{:.1%}"), ("peak KV vs ref", "kv_vs_ref", "{:.1%}"), ("PSNR vs ref dB", "psnr_vs_ref", "{:.2f}"),
+            ("FID-photo vs ref", "fid_vs_ref", "{:.2f}"), ("x ref", "speedup_vs_ref", "{:.2f}"),
             ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("peak CUDA MB", "peak_cuda_mb", "{:.0f}"),
             ("fewer passes", "pass_reduction", "{:.2f}x"),
             (f"x {BASELINE}", f"speedup_vs_{BASELINE}", "{:.2f}"), ("x ar", "speedup_vs_ar", "{:.2f}")]
@@ -274,6 +333,31 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _group(sampler: str) -> str:
+    """A setting without its budget: the line a budget sweep is drawn on."""
+    name, _, rest = sampler.partition(":")
+    keep = [x for x in rest.split(",") if x and not x.startswith("kv_budget=")]
+    return name + (":" + ",".join(keep) if keep else "")
+
+
+def _fidelity_panels(ax_psnr, ax_fid, rows):
+    """PSNR and FID-photo against the reference images versus the KV bytes kept, one line per method."""
+    groups: dict[str, list] = {}
+    for r in rows:
+        groups.setdefault(_group(r["sampler"]), []).append(r)
+    for g, rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r["kv_vs_ref"])
+        x = [100 * r["kv_vs_ref"] for r in rs]
+        ax_psnr.plot(x, [r["psnr_vs_ref"] for r in rs], "o-", label=g)
+        ax_fid.plot(x, [r["fid_vs_ref"] for r in rs], "o-", label=g)
+    for a, lab, title in ((ax_psnr, "PSNR vs reference images, dB (higher is closer)", "fidelity: PSNR"),
+                          (ax_fid, "FID-photo vs reference images (lower is closer)", "fidelity: FID-photo")):
+        a.set_xlabel("peak KV bytes, % of the reference's")
+        a.set_ylabel(lab)
+        a.set_title(title)
+        a.legend(fontsize=7)
+
+
 def _plot(rows, path: Path):
     """Left: ms per token for every cell. Right: speed-up and forward-pass reduction against AR versus drift
     (nll excess over AR, nats/token), one marker per sampler setting and batch size."""
@@ -285,9 +369,13 @@ def _plot(rows, path: Path):
         return None
     import io
     has_fid = any("fid_photo" in r for r in rows)
-    fig, axes = plt.subplots(1, 3 if has_fid else 2, figsize=(19 if has_fid else 13, 4.5),
-                             gridspec_kw={"width_ratios": [1.4, 1, 1] if has_fid else [1.4, 1]})
-    ax, ax2 = axes[0], axes[1]
+    fidel = [r for r in rows if r.get("psnr_vs_ref") not in (None, float("inf")) and "kv_vs_ref" in r]
+    has_drift = any("nll_excess" in r for r in rows)
+    n = 1 + (has_drift or not fidel) + has_fid + 2 * bool(fidel)
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.5), gridspec_kw={"width_ratios": [1.4] + [1] * (n - 1)})
+    axes = list(axes)
+    ax = axes.pop(0)
+    ax2 = axes.pop(0) if (has_drift or not fidel) else None
     labels = [f"{r['sampler']}\nB={r['batch_size']}" for r in rows]
     ax.bar(range(len(rows)), [r["ms_per_token"] for r in rows], color="tab:blue")
     ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
@@ -297,18 +385,21 @@ def _plot(rows, path: Path):
         s = r.get("speedup_vs_ar")
         if s is not None:
             ax.text(i, r["ms_per_token"], f"{s:.2f}x", ha="center", va="bottom", fontsize=7)
-    pts = [r for r in rows if "nll_excess" in r]
+    pts = [r for r in rows if "nll_excess" in r] if ax2 is not None else []
     for r in pts:
         mk = "o" if r["batch_size"] == min(x["batch_size"] for x in pts) else "s"
         ax2.scatter(r["nll_excess"], r["speedup_vs_ar"], marker=mk, color="tab:red")
         ax2.scatter(r["nll_excess"], r["pass_reduction"], marker=mk, color="tab:green")
         ax2.annotate(f"{r['sampler']} B={r['batch_size']}", (r["nll_excess"], r["pass_reduction"]), fontsize=6)
-    ax2.axhline(1.0, color="gray", lw=0.5)
-    ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
-    ax2.set_ylabel("x AR (red: wall clock, green: forward passes)")
-    ax2.set_title("speed-up vs drift")
+    if ax2 is not None:
+        ax2.axhline(1.0, color="gray", lw=0.5)
+        ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
+        ax2.set_ylabel("x AR (red: wall clock, green: forward passes)")
+        ax2.set_title("speed-up vs drift")
+    if fidel:
+        _fidelity_panels(axes.pop(0), axes.pop(0), fidel)
     if has_fid:
-        ax3 = axes[2]
+        ax3 = axes.pop(0)
         for r in rows:
             if "fid_photo" in r and "speedup_vs_ar" in r:
                 mk = "o" if r["batch_size"] == min(x["batch_size"] for x in rows) else "s"

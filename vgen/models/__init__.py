@@ -1,9 +1,13 @@
 """Backbones with official parameter names. ``build(kind, **config)``, ``load_official(kind, src, **config)``."""
 from __future__ import annotations
 
+import torch
+
 from vgen.models.gpt import GPT, GPTConfig, find_multiple
 from vgen.models.loading import (GPT_PRESETS, VQ_PRESETS, build, count_indexed, detect_kind, list_kinds,
                                  load_official, read_checkpoint, register_kind)
+from vgen.models.var import VAR, VARConfig
+from vgen.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from vgen.tokenizers.vq import VQConfig, VQModel
 
 _HEAD_DIM_GUESS = {d: (n_head) for (_, n_head, d) in GPT_PRESETS.values()}
@@ -69,16 +73,79 @@ def _infer_vq(sd: dict) -> dict:
     return cfg
 
 
+def _infer_var(sd: dict) -> dict:
+    cfg: dict = {}
+    if "head.weight" in sd:
+        cfg["vocab_size"], cfg["embed_dim"] = sd["head.weight"].shape
+    if "word_embed.weight" in sd:
+        cfg["Cvae"] = sd["word_embed.weight"].shape[1]
+    cfg["depth"] = count_indexed(sd, "blocks")
+    scale_mul = sd.get("blocks.0.attn.scale_mul_1H11")
+    cfg["attn_l2_norm"] = scale_mul is not None
+    if scale_mul is not None:
+        cfg["num_heads"] = scale_mul.shape[1]
+    elif cfg["depth"]:
+        cfg["num_heads"] = cfg["depth"]  # official builds use heads = depth
+    if "class_emb.weight" in sd:
+        cfg["num_classes"] = sd["class_emb.weight"].shape[0] - 1
+    if "lvl_1L" in sd:  # the level of every token: its counts give the scale schedule
+        counts = torch.bincount(sd["lvl_1L"].flatten().long()).tolist()
+        cfg["patch_nums"] = [round(c ** 0.5) for c in counts]
+    cfg["shared_aln"] = "shared_ada_lin.1.weight" in sd
+    fc1 = sd.get("blocks.0.ffn.fc1.weight")
+    if fc1 is not None and "embed_dim" in cfg:
+        cfg["mlp_ratio"] = fc1.shape[0] / cfg["embed_dim"]
+    return cfg
+
+
+def _infer_msvq(sd: dict) -> dict:
+    cfg: dict = {}
+    if "quantize.embedding.weight" in sd:
+        cfg["vocab_size"], cfg["z_channels"] = sd["quantize.embedding.weight"].shape
+    if "encoder.conv_in.weight" in sd:
+        ch = cfg["ch"] = sd["encoder.conv_in.weight"].shape[0]
+        n = count_indexed(sd, "encoder.down")
+        key = "encoder.down.{}.block.0.conv1.weight"
+        if n and all(key.format(i) in sd for i in range(n)):
+            cfg["ch_mult"] = [sd[key.format(i)].shape[0] // ch for i in range(n)]
+        cfg["num_res_blocks"] = count_indexed(sd, "encoder.down.0.block")
+        cfg["using_sa"] = f"encoder.down.{max(n - 1, 0)}.attn.0.qkv.weight" in sd
+        cfg["using_mid_sa"] = "encoder.mid.attn_1.qkv.weight" in sd
+    if "quant_conv.weight" in sd:
+        cfg["quant_conv_ks"] = sd["quant_conv.weight"].shape[-1]
+    shared = count_indexed(sd, "quantize.quant_resi.qresi_ls")
+    if shared:
+        cfg["share_quant_resi"] = shared
+    elif "quantize.quant_resi.qresi.weight" in sd:
+        cfg["share_quant_resi"] = 1
+    elif count_indexed(sd, "quantize.quant_resi"):
+        cfg["share_quant_resi"], cfg["default_qresi_counts"] = 0, count_indexed(sd, "quantize.quant_resi")
+    return cfg
+
+
+def _is_var(sd):
+    return "lvl_1L" in sd or ("blocks.0.attn.mat_qkv.weight" in sd and "head_nm.ada_lin.1.weight" in sd)
+
+
+def _is_msvq(sd):
+    return "quantize.embedding.weight" in sd and any(k.startswith("encoder.down.") for k in sd)
+
+
 def _is_gpt(sd):
     return "tok_embeddings.weight" in sd and "medusa_output.weight" not in sd
 
 
 def _is_vq(sd):
-    return "quantize.embedding.weight" in sd and "encoder.conv_in.weight" in sd and "quant_conv.weight" in sd
+    return ("quantize.embedding.weight" in sd and "encoder.conv_in.weight" in sd and "quant_conv.weight" in sd
+            and not _is_msvq(sd))
 
 
 register_kind("gpt", lambda c: GPT(c), GPTConfig, _infer_gpt, _is_gpt, "LlamaGen GPT")
 register_kind("vq", lambda c: VQModel(c), VQConfig, _infer_vq, _is_vq, "LlamaGen VQ tokenizer")
+register_kind("var", lambda c: VAR(c), VARConfig, _infer_var, _is_var, "VAR next-scale transformer")
+register_kind("var-vqvae", lambda c: MultiScaleVQVAE(c), MSVQConfig, _infer_msvq, _is_msvq,
+              "VAR multi-scale VQVAE")
+register_kind("msvq", lambda c: MultiScaleVQVAE(c), MSVQConfig, _infer_msvq, _is_msvq, "VAR multi-scale VQVAE")
 
-__all__ = ["GPT", "GPTConfig", "VQModel", "VQConfig", "build", "load_official", "list_kinds", "read_checkpoint",
+__all__ = ["GPT", "GPTConfig", "VQModel", "VQConfig", "VAR", "VARConfig", "MultiScaleVQVAE", "MSVQConfig", "build", "load_official", "list_kinds", "read_checkpoint",
            "detect_kind", "GPT_PRESETS", "VQ_PRESETS"]

@@ -195,6 +195,7 @@ class CaptionEmbedder(nn.Module):
 
 class GPT(nn.Module):
     family = "llamagen-gpt"
+    generation = "next-token"
 
     def __init__(self, config: GPTConfig | None = None, **kwargs):
         super().__init__()

@@ -162,6 +162,8 @@ def preset_name(kind: str, cfg: dict) -> str | None:
         for name, (n_layer, n_head, dim) in GPT_PRESETS.items():
             if cfg.get("dim") == dim and cfg.get("n_layer") == n_layer:
                 return name
+    if kind == "var" and cfg.get("depth") and cfg.get("embed_dim") == 64 * cfg["depth"]:
+        return f"VAR-d{cfg['depth']}"
     if kind == "vq":
         for name, mult in VQ_PRESETS.items():
             if cfg.get("encoder_ch_mult") == mult:

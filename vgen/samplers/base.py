@@ -65,6 +65,7 @@ class Sampler:
     name: str = ""
     Options: type = SamplingOptions
     needs_codebook: bool = False  # acceptance uses token similarity in the tokenizer's codebook
+    generation: str = "next-token"  # the model interface it drives: next-token (GPT-like) or next-scale (VAR)
 
     def __init__(self, **options):
         fields = {f.name for f in dataclasses.fields(self.Options)}
@@ -75,6 +76,11 @@ class Sampler:
         self.options = self.Options(**options)
 
     def validate(self, model, cond: torch.Tensor) -> None:
+        kind = getattr(model, "generation", "next-token")
+        if kind != self.generation:
+            fits = [n for n, c in _REGISTRY.items() if c.generation == kind]
+            raise VGenError(f"sampler {self.name!r} does {self.generation} generation but {type(model).__name__} is a "
+                            f"{kind} model: use one of {', '.join(sorted(fits))}")
         self.options.validate(model.vocab_size)
         if cond.dtype in (torch.int32, torch.int64):
             bad = cond[(cond < 0) | (cond >= model.num_classes)]
@@ -128,8 +134,10 @@ def merge_stats(parts: list[tuple[dict, int]]) -> dict:
             out[k] = torch.cat([v for v, _ in vals])
         elif k in ("forward_passes", "tokens", "seconds"):
             out[k] = sum(v for v, _ in vals)
-        elif k == "kv_cache_bytes":
+        elif k in ("kv_cache_bytes", "kv_full_bytes"):
             out[k] = max(v for v, _ in vals)
+        elif isinstance(vals[0][0], list):  # per-stage numbers: the largest run's
+            out[k] = [max(x) for x in zip(*[v for v, _ in vals])]
         elif isinstance(vals[0][0], (int, float)):
             out[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
     return out

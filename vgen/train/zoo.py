@@ -2,6 +2,8 @@
 
     python -m vgen.train.zoo --vq runs/photos-vq/vq.safetensors --gpt runs/photos-gpt/gpt.safetensors \
         --name photos-gpt --out vgen/zoo/photos-gpt
+    python -m vgen.train.zoo --msvq runs/photos-msvq/msvq.safetensors --var runs/photos-var/var.safetensors \
+        --name photos-var --out vgen/zoo/photos-var
 
 The GPT weights are stored as fp16 (half the bytes; loaded back as fp32); the export measures the test
 loss both ways so the card shows what the rounding costs.
@@ -59,15 +61,66 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     return card
 
 
+VAR_SAMPLING = {"cfg": 1.5, "top_k": 100, "temperature": 1.0, "kv_calibration": "scalekv.json"}
+
+
+def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dict | None = None,
+               n_test: int = 512, grid_seed: int = 0, grid: str | None = None) -> dict:
+    """A next-scale zoo pipeline: multi-scale VQVAE (fp32) + VAR (stored fp16, test loss measured both ways)."""
+    from vgen.models import load_official
+    from vgen.pipeline import Pipeline
+    from vgen.train.gpt import encode_split
+    from vgen.train.msvq import evaluate
+    from vgen.train.var import test_loss
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vae = load_official("msvq", msvq_path)
+    var = load_official("var", var_path)
+    vq_metrics = evaluate(vae, 512)
+    codes, labels = encode_split(vae, "test", n_test, seed=1)
+    loss32 = test_loss(var, vae, codes, labels)
+    save_safetensors(vae.state_dict(), out / "msvq.safetensors", metadata={"config": json.dumps(vae.config_dict())})
+    half = {k: (v.half() if v.is_floating_point() else v) for k, v in var.state_dict().items()}
+    save_safetensors(half, out / "var.safetensors", metadata={"config": json.dumps(var.config_dict())})
+    var16 = load_official("var", out / "var.safetensors")
+    loss16 = test_loss(var16, vae, codes, labels)
+    card = {"model_kind": "var", "model": "var.safetensors", "tokenizer_kind": "msvq", "tokenizer": "msvq.safetensors",
+            "generation": "next-scale", "name": name, "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
+            "class_names": list(CLASS_NAMES), "image_size": 64, "patch_nums": var.patch_nums,
+            "sampling": sampling or VAR_SAMPLING,
+            "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],
+                        "tokenizer_codebook_usage": vq_metrics["codebook_usage"],
+                        "var_test_loss_fp32": loss32["test_loss"], "var_test_loss_stored_fp16": loss16["test_loss"],
+                        "var_test_loss_per_scale": loss32["test_loss_per_scale"],
+                        "var_params": sum(p.numel() for p in var.parameters()),
+                        "msvq_params": sum(p.numel() for p in vae.parameters())}}
+    if "kv_calibration" in card["sampling"] and not (out / card["sampling"]["kv_calibration"]).exists():
+        card["sampling"] = {k: v for k, v in card["sampling"].items() if k != "kv_calibration"}  # calibrate later
+    atomic_write_json(out / "pipeline.json", card)
+    pipe = Pipeline.from_pretrained(str(out))
+    labels = [c for c in range(NUM_CLASSES) for _ in range(4)]
+    gen = pipe.generate(labels, sampler="var", seed=grid_seed, batch_size=16)
+    save_png(grid or f"docs/{name}-grid.png", make_grid(gen.images, nrow=8))
+    return card
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vq", required=True)
-    ap.add_argument("--gpt", required=True)
+    ap.add_argument("--vq", help="LlamaGen VQ tokenizer (with --gpt)")
+    ap.add_argument("--gpt")
+    ap.add_argument("--msvq", help="multi-scale VQVAE (with --var)")
+    ap.add_argument("--var")
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--grid", default=None, help="where to write the card's sample grid (docs/<name>-grid.png)")
     a = ap.parse_args()
-    card = export(a.vq, a.gpt, a.out, a.name, grid=a.grid)
+    if a.var and a.msvq:
+        card = export_var(a.msvq, a.var, a.out, a.name, grid=a.grid)
+    elif a.vq and a.gpt:
+        card = export(a.vq, a.gpt, a.out, a.name, grid=a.grid)
+    else:
+        ap.error("give --vq and --gpt (a next-token pipeline) or --msvq and --var (a next-scale pipeline)")
     print(json.dumps(card["metrics"], indent=2))
 
 
