@@ -91,3 +91,21 @@ def tiny_var_pipeline(tmp_path, tiny_var, tiny_msvq):
     from vgen.pipeline import save_pipeline
     return save_pipeline(tmp_path / "tinyvar", tiny_var, tiny_msvq, model_kind="var", tokenizer_kind="msvq",
                          class_names=["a", "b", "c", "d"], sampling={"cfg": 1.5, "top_k": 8})
+
+
+@pytest.fixture
+def tiny_nar():
+    """A random NAR (2 base blocks + 1 down-head block) over a 4x4 grid; both heads informative."""
+    from vgen.models import build
+    torch.manual_seed(2)
+    m = build("nar", dim=64, n_layer=2, n_head=2, vocab_size=32, num_classes=4, block_size=16)
+    torch.nn.init.normal_(m.output.weight, std=0.3)
+    torch.nn.init.normal_(m.medusa_output.weight, std=0.3)
+    return m.eval()
+
+
+@pytest.fixture
+def tiny_nar_pipeline(tmp_path, tiny_nar, tiny_vq):
+    from vgen.pipeline import save_pipeline
+    return save_pipeline(tmp_path / "tinynar", tiny_nar, tiny_vq, model_kind="nar",
+                         class_names=["a", "b", "c", "d"], sampling={"cfg_scale": 2.0, "top_k": 8})

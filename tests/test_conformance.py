@@ -140,3 +140,51 @@ def test_conformance_var_key_mismatch_is_explained(conf_dir):
     assert "the tensors suggest" in msg
     with pytest.raises(VGenError, match="load_official\\('var-vqvae'"):
         load_official("var", conf_dir / "var_vqvae.safetensors")
+
+
+# ---- NAR (next-neighbour heads) -----------------------------------------------------------------------------
+def _nar(conf_dir):
+    io = load_io(conf_dir, "nar_c2i")
+    c = dict(io["config"])
+    model = load_official("nar", conf_dir / "nar_c2i.safetensors", **c)
+    assert model.config.n_layer == c["n_layer"] and len(model.layers) == c["n_layer"] + c["medusa_attention_num"]
+    return model, io
+
+
+def test_conformance_nar_proximity_mask_and_teacher_forced_logits(conf_dir):
+    from vgen.kernels.proximity import proximity_mask
+    model, io = _nar(conf_dir)
+    h, w = model.grid
+    assert torch.equal(proximity_mask(h, w, model.cond_len), io["proximity_mask"])
+    with torch.no_grad():
+        logits = model(io["tokens"], io["cond"])
+    torch.testing.assert_close(logits, io["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key,cfg", [("greedy_cfg4", 4.0), ("greedy_nocfg", 1.0)])
+def test_conformance_nar_greedy_generation(conf_dir, key, cfg):
+    model, io = _nar(conf_dir)
+    h, w = model.grid
+    for bs in (1, None):  # one sample at a time, and one batch: same tokens
+        tokens, stats = sample(model, io["cond"], "nar", top_k=1, cfg_scale=cfg, batch_size=bs)
+        assert torch.equal(tokens, io[key].long())
+    assert stats["forward_passes"] == h + w - 1
+
+
+def test_conformance_nar_loads_with_the_right_split_and_explains_mismatches(conf_dir):
+    from vgen.errors import VGenError
+    io = load_io(conf_dir, "nar_c2i")
+    c = {k: v for k, v in io["config"].items() if k not in ("n_layer", "medusa_attention_num")}
+    sd = load_file(str(conf_dir / "nar_c2i.safetensors"))
+    n_blocks = io["config"]["n_layer"] + io["config"]["medusa_attention_num"]
+    m = load_official("nar", sd, **c)  # default: one extra block before the down head (official default)
+    assert m.config.n_layer == n_blocks - 1 and m.config.medusa_attention_num == 1
+    assert set(m.state_dict()) == set(sd)
+    if n_blocks > 2:
+        m2 = load_official("nar", sd, medusa_attention_num=2, **c)
+        assert m2.config.n_layer == n_blocks - 2
+    with pytest.raises(VGenError, match="load_official\\('nar'"):
+        load_official("gpt", sd, **c)
+    broken = {k: v for k, v in sd.items() if not k.startswith("medusa_norm")}
+    with pytest.raises(VGenError, match="missing keys: medusa_norm.weight"):
+        load_official("nar", broken, **c)

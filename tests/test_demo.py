@@ -193,3 +193,16 @@ def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_
     assert all(r["step_map"] is None for r in res)  # a pyramid, not one grid: no heatmap
     with pytest.raises(VGenError, match="next-scale model: use one of var"):
         d.race(LOCAL, str(tiny_var_pipeline), 1, 0, ["sjd"], {})
+
+
+def test_race_on_a_next_neighbour_model_runs_nar_with_its_heatmap(tiny_nar_pipeline):
+    from vgen.demo import LOCAL, Demo, compatible_samplers
+    from vgen.pipeline import read_card
+    assert compatible_samplers(read_card(str(tiny_nar_pipeline))) == ["nar"]
+    d = Demo(allowed_dirs=[str(tiny_nar_pipeline.parent)])
+    res = d.race(LOCAL, str(tiny_nar_pipeline), 1, 0, ["nar"], {})
+    assert [r["sampler"] for r in res] == ["nar"] and res[0]["forward_passes"] == 7
+    # the step map is the anti-diagonal index: the heatmap shows NAR's diagonal wavefront
+    assert res[0]["step_map"].view(4, 4).tolist() == [[r + c for c in range(4)] for r in range(4)]
+    with pytest.raises(VGenError, match="next-neighbour model: use one of nar"):
+        d.race(LOCAL, str(tiny_nar_pipeline), 1, 0, ["sjd"], {})

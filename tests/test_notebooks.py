@@ -31,4 +31,4 @@ def test_official_checkpoint_notebook_is_valid_and_skips_without_files(tmp_path)
                             resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "found: False False" in text and "place the official files" in text
-    assert "place the official VAR files" in text
+    assert "place the official VAR files" in text and "place the official NAR files" in text

@@ -35,6 +35,20 @@ def test_vq_and_gpt_recipes_run_resume_and_export(tmp_path):
     gpt = load_official("gpt", tmp_path / "gpt" / "gpt.safetensors")
     assert gpt.config.n_head == 2 and gpt.config.block_size == 256  # config travels in the metadata
 
+    # NAR: the same loop and data with the next-neighbour model; its codes cache is reused when copied over
+    from vgen.train.nar import NARTrainConfig, train_nar
+    (tmp_path / "nar").mkdir()
+    for f in ("codes_train.pt", "codes_test.pt"):
+        (tmp_path / "nar" / f).write_bytes((tmp_path / "gpt" / f).read_bytes())
+    ncfg = NARTrainConfig(out=str(tmp_path / "nar"), tokenizer=str(tmp_path / "vq" / "vq.safetensors"), steps=2,
+                          batch_size=4, n_train=16, n_test=8, save_every=1,
+                          model=dict(dim=32, n_layer=1, n_head=2, vocab_size=32, num_classes=16, block_size=256,
+                                     cls_token_num=1, medusa_attention_num=1))
+    nm = train_nar(ncfg)
+    assert nm["test_loss"] > 0 and nm["steps"] == 2
+    nar = load_official("nar", tmp_path / "nar" / "nar.safetensors")
+    assert nar.config.n_layer == 1 and len(nar.layers) == 2 and nar.generation == "next-neighbour"
+
 
 def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
     from vgen.eval.extractors import load_photo_classifier

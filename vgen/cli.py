@@ -16,7 +16,7 @@ COMMANDS = {
     "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), `vgen eval npz`",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",
-    "train": "run a zoo training recipe (recipe=vq|gpt|photo|msvq|var), resumable",
+    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var), resumable",
 }
 
 

@@ -63,9 +63,9 @@ def sample(cfg: DictConfig):
     name = cfg.model.path or cfg.model.name
     card = read_card(name)
     sampler_name, given = cfg.sampler.name, _options(cfg.sampler)
-    if card.get("generation") == "next-scale" and sampler_name == "ar" and not _overridden("sampler"):
+    if card.get("generation", "next-token") != "next-token" and sampler_name == "ar" and not _overridden("sampler"):
         from vgen.demo import baseline_sampler
-        sampler_name, given = baseline_sampler(card), {}  # `vgen sample model=photos-var`: its own sampler
+        sampler_name, given = baseline_sampler(card), {}  # `vgen sample model=photos-var`: its own plain sampler
     opts = dataclasses.asdict(resolve_sampler(card, sampler_name, card.get("vocab_size"), **given).options)
     labels = _labels(cfg, int(card["num_classes"]))
     out = _output_dir(cfg)
@@ -227,6 +227,7 @@ def train(cfg: DictConfig):
     from vgen.train.gpt import GPTTrainConfig, train_gpt
     from vgen.train.photo import PhotoTrainConfig, train_photo
     from vgen.train.msvq import MSVQTrainConfig, train_msvq
+    from vgen.train.nar import NARTrainConfig, train_nar
     from vgen.train.var import VARTrainConfig, train_var
     from vgen.train.vq import VQTrainConfig, train_vq
     if isinstance(recipe, PhotoTrainConfig):
@@ -237,7 +238,7 @@ def train(cfg: DictConfig):
         if not Path(recipe.tokenizer).exists():
             raise VGenError(f"tokenizer {recipe.tokenizer} not found: train it first (vgen train recipe=vq) or "
                             "point recipe.tokenizer at a VQ safetensors file")
-        metrics = train_gpt(recipe)
+        metrics = train_nar(recipe) if isinstance(recipe, NARTrainConfig) else train_gpt(recipe)
     elif isinstance(recipe, MSVQTrainConfig):
         metrics = train_msvq(recipe)
     elif isinstance(recipe, VARTrainConfig):

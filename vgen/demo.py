@@ -101,7 +101,7 @@ class Demo:
     # ------------------------------------------------------------------ work
     def race(self, model: str, folder: str | None, cls, seed, samplers: list[str], options: dict,
              progress=None) -> list[dict]:
-        """Run the baseline (AR; VAR for next-scale models) and every chosen sampler on (class, seed); everything
+        """Run the baseline (AR; VAR for next-scale, NAR for next-neighbour models) and every chosen sampler on (class, seed); everything
         is validated before any sampling."""
         from vgen.pipeline import read_card
         from vgen.samplers import list_samplers
@@ -159,8 +159,10 @@ class Demo:
 
 
 def baseline_sampler(card: dict) -> str:
-    """The reference every other sampler races against: AR for next-token models, VAR for next-scale ones."""
-    return "var" if card.get("generation") == "next-scale" else "ar"
+    """The reference every other sampler races against: AR for next-token models, VAR for next-scale ones,
+    NAR for next-neighbour ones."""
+    from vgen.samplers.base import baseline_for
+    return baseline_for(card.get("generation", "next-token"))
 
 
 def compatible_samplers(card: dict) -> list[str]:
@@ -240,7 +242,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
                 chosen = gr.CheckboxGroup(default_fits, value=[x for x in ("ar", "sjd") if x in default_fits]
                                           or default_fits[:1],
-                                          label="samplers (AR, or VAR for next-scale models, runs as the baseline)")
+                                          label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
                 with gr.Accordion("options", open=False):
                     cfg_scale = gr.Slider(0.0, 10.0, value=3.0, step=0.5, label="cfg_scale")
                     top_k = gr.Number(100, label="top_k (0: off)", precision=0, minimum=0)

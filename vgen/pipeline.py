@@ -60,13 +60,14 @@ def card_sampling_defaults(card: dict, sampler: str) -> dict:
 
 
 def check_generation(card: dict, sampler: str) -> None:
-    """A next-token sampler cannot drive a next-scale model and vice versa: say so before loading weights."""
+    """A sampler only drives models of its generation order (next-token, next-scale, next-neighbour): say so before
+    loading weights."""
     from vgen.samplers import get_sampler, list_samplers
     kind = card.get("generation", "next-token")
     s = get_sampler(sampler)
     if s.generation != kind:
         fits = [n for n in list_samplers() if get_sampler(n).generation == kind]
-        raise VGenError(f"sampler {sampler!r} does {s.generation} generation but this model ({card.get('name', '?')}) "
+        raise VGenError(f"sampler {sampler!r} does {s.generation} generation but this model ({card.get('name') or Path(card.get('_folder', '?')).name}) "
                         f"is a {kind} model: use one of {', '.join(fits)}")
 
 
@@ -153,11 +154,14 @@ class Pipeline:
         finally:
             torch.set_num_threads(threads)
 
-    def generate(self, labels, sampler: str = "ar", seed: int = 0, batch_size: int | None = None,
+    def generate(self, labels, sampler: str | None = None, seed: int = 0, batch_size: int | None = None,
                  progress: bool = False, seeds: list[int] | None = None, **options) -> Generation:
         """Sample images for ``labels``; sample i uses seed ``seed + i`` (or ``seeds[i]``) whatever the
         batching."""
         cond = self.check_labels(labels)
+        if sampler is None:  # the model's plain sampler: ar, var or nar
+            from vgen.samplers.base import baseline_for
+            sampler = baseline_for(self.card.get("generation", "next-token"))
         s = self.make_sampler(sampler, **options)
         n = cond.shape[0]
         if seeds is not None and len(seeds) != n:

@@ -115,6 +115,7 @@ def register() -> None:
     from vgen.samplers.base import _REGISTRY
     from vgen.train.gpt import GPTTrainConfig
     from vgen.train.msvq import MSVQTrainConfig
+    from vgen.train.nar import NARTrainConfig
     from vgen.train.photo import PhotoTrainConfig
     from vgen.train.var import VARTrainConfig
     from vgen.train.vq import VQTrainConfig
@@ -133,3 +134,4 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)
     cs.store(group="vgen_schema", name="recipe_msvq", node=MSVQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_var", node=VARTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_nar", node=NARTrainConfig)

@@ -120,7 +120,7 @@ def run_bench(cfg) -> dict:
         ms = [m for m in cfg.models if fits(m, v)]
         if not ms:
             raise VGenError(f"sampler setting {v!r} fits none of the models {list(cfg.models)} (next-token samplers "
-                            "drive GPT-like models, `var` drives next-scale models)")
+                            "drive GPT-like models, `var` next-scale models, `nar` next-neighbour models)")
         for m in ms:
             resolve_sampler(cards[m], name, cards[m].get("vocab_size"), **{**opts_all, **o})
     fref = cfg.get("fidelity_reference")
@@ -219,8 +219,12 @@ def run_bench(cfg) -> dict:
                 if "peak_rss_mb" in base:
                     r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
         for ref in (BASELINE, "ar"):
-            base = next((x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
-                         and x["sampler"] == ref), None)
+            # the same model's baseline, or (NAR, ...) that of the model its card compares it to (photos-gpt)
+            for m in (r["model"], cards[r["model"]].get("compare_to")):
+                base = next((x for x in rows if x["model"] == m and x["batch_size"] == r["batch_size"]
+                             and x["sampler"] == ref), None)
+                if base is not None:
+                    break
             if base is not None:
                 r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
                 if ref == "ar":

@@ -35,13 +35,14 @@ COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 
 
 @functools.cache
-def compiled(fn):
+def compiled(fn, dynamic: bool = False):
     """A process-wide compiled version of a step function (compiled once per model and settings; dynamo's
-    guards recompile for another model or other shapes). Because weights are frozen into the graph,
-    call ``reset_compiled()`` after changing a model's weights in place."""
+    guards recompile for another model or other shapes). ``dynamic=True`` compiles one shape-generic graph,
+    for steps whose token count changes every call (NAR's anti-diagonals). Because weights are frozen into
+    the graph, call ``reset_compiled()`` after changing a model's weights in place."""
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    return torch.compile(fn, dynamic=False, options=COMPILE_OPTIONS)
+    return torch.compile(fn, dynamic=dynamic, options=COMPILE_OPTIONS)
 
 
 def reset_compiled() -> None:

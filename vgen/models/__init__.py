@@ -6,6 +6,7 @@ import torch
 from vgen.models.gpt import GPT, GPTConfig, find_multiple
 from vgen.models.loading import (GPT_PRESETS, VQ_PRESETS, build, count_indexed, detect_kind, list_kinds,
                                  load_official, read_checkpoint, register_kind)
+from vgen.models.nar import NAR, NARConfig
 from vgen.models.var import VAR, VARConfig
 from vgen.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
 from vgen.tokenizers.vq import VQConfig, VQModel
@@ -45,6 +46,16 @@ def _infer_gpt(sd: dict) -> dict:
             cfg["cls_token_num"] = sd["cls_embedding.uncond_embedding"].shape[0]
     if "freqs_cis" in sd:  # some released files still carry the RoPE table: it fixes the grid size
         cfg["block_size"] = sd["freqs_cis"].shape[0] - cfg.get("cls_token_num", 1)
+    return cfg
+
+
+def _infer_nar(sd: dict) -> dict:
+    """As the GPT, but the blocks are n_layer + medusa_attention_num: the split is invisible in the shapes,
+    so the official default of one extra block is assumed (pass medusa_attention_num to change it)."""
+    cfg = _infer_gpt(sd)
+    if cfg.get("n_layer"):
+        cfg["n_layer"] -= 1
+        cfg["medusa_attention_num"] = 1
     return cfg
 
 
@@ -135,17 +146,22 @@ def _is_gpt(sd):
     return "tok_embeddings.weight" in sd and "medusa_output.weight" not in sd
 
 
+def _is_nar(sd):
+    return "tok_embeddings.weight" in sd and "medusa_output.weight" in sd
+
+
 def _is_vq(sd):
     return ("quantize.embedding.weight" in sd and "encoder.conv_in.weight" in sd and "quant_conv.weight" in sd
             and not _is_msvq(sd))
 
 
 register_kind("gpt", lambda c: GPT(c), GPTConfig, _infer_gpt, _is_gpt, "LlamaGen GPT")
+register_kind("nar", lambda c: NAR(c), NARConfig, _infer_nar, _is_nar, "NAR (LlamaGen GPT with next-neighbour heads)")
 register_kind("vq", lambda c: VQModel(c), VQConfig, _infer_vq, _is_vq, "LlamaGen VQ tokenizer")
 register_kind("var", lambda c: VAR(c), VARConfig, _infer_var, _is_var, "VAR next-scale transformer")
 register_kind("var-vqvae", lambda c: MultiScaleVQVAE(c), MSVQConfig, _infer_msvq, _is_msvq,
               "VAR multi-scale VQVAE")
 register_kind("msvq", lambda c: MultiScaleVQVAE(c), MSVQConfig, _infer_msvq, _is_msvq, "VAR multi-scale VQVAE")
 
-__all__ = ["GPT", "GPTConfig", "VQModel", "VQConfig", "VAR", "VARConfig", "MultiScaleVQVAE", "MSVQConfig", "build", "load_official", "list_kinds", "read_checkpoint",
+__all__ = ["GPT", "GPTConfig", "NAR", "NARConfig", "VQModel", "VQConfig", "VAR", "VARConfig", "MultiScaleVQVAE", "MSVQConfig", "build", "load_official", "list_kinds", "read_checkpoint",
            "detect_kind", "GPT_PRESETS", "VQ_PRESETS"]

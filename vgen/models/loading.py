@@ -120,6 +120,9 @@ def load_official(kind: str, src, *, strict: bool = True, device="cpu", dtype=No
     if unknown:
         raise VGenError(f"unknown config field(s) {unknown} for {kind!r}; valid fields: {sorted(fields)}")
     cfg = {**inferred, **{a: b for a, b in meta.items() if a in fields}, **config}
+    if kind == "nar" and "n_layer" not in config and "n_layer" not in meta and inferred.get("n_layer"):
+        # the shapes give n_layer + medusa_attention_num blocks in all; split them as asked
+        cfg["n_layer"] = inferred["n_layer"] + inferred["medusa_attention_num"] - cfg["medusa_attention_num"]
     if kind in ("gpt", "nar") and "n_head" not in cfg:
         raise VGenError(f"n_head cannot be read from the weights of a non-preset model (dim={cfg.get('dim')}): "
                         "pass it, e.g. load_official(kind, path, n_head=...)")

@@ -65,7 +65,7 @@ class Sampler:
     name: str = ""
     Options: type = SamplingOptions
     needs_codebook: bool = False  # acceptance uses token similarity in the tokenizer's codebook
-    generation: str = "next-token"  # the model interface it drives: next-token (GPT-like) or next-scale (VAR)
+    generation: str = "next-token"  # the model interface it drives: next-token (GPT), next-scale (VAR), next-neighbour (NAR)
 
     def __init__(self, **options):
         fields = {f.name for f in dataclasses.fields(self.Options)}
@@ -141,6 +141,14 @@ def merge_stats(parts: list[tuple[dict, int]]) -> dict:
         elif isinstance(vals[0][0], (int, float)):
             out[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
     return out
+
+
+# the plain sampler of each generation order: what runs when none is named, and what others are compared to
+BASELINES = {"next-token": "ar", "next-scale": "var", "next-neighbour": "nar"}
+
+
+def baseline_for(generation: str) -> str:
+    return BASELINES.get(generation, "ar")
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:

@@ -75,7 +75,10 @@ def test_loss(model: GPT, codes: torch.Tensor, labels: torch.Tensor, batch: int 
     return tot / n
 
 
-def train_gpt(cfg: GPTTrainConfig) -> dict:
+def train_gpt(cfg: GPTTrainConfig, model_cls=GPT, config_cls=GPTConfig, export_name: str = "gpt.safetensors",
+              desc: str = "gpt") -> dict:
+    """Train a token model over the VQ codes. The same loop trains NAR (``model_cls=NAR``): its forward also
+    returns logits (B, n, V) that predict ``tokens`` (from earlier anti-diagonals instead of earlier tokens)."""
     from vgen.models import load_official
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -84,7 +87,7 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
     tokenizer = load_official("vq", cfg.tokenizer).eval()
     tr_codes, tr_labels = _cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed)
     te_codes, te_labels = _cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1)
-    model = GPT(GPTConfig(**cfg.model))
+    model = model_cls(config_cls(**cfg.model))
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -97,7 +100,7 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
         step = int(state["step"])
         set_rng_state(state["rng"])
     g = torch.Generator().manual_seed(cfg.seed)
-    pbar = tqdm(total=cfg.steps, initial=step, desc="gpt", dynamic_ncols=True)
+    pbar = tqdm(total=cfg.steps, initial=step, desc=desc, dynamic_ncols=True)
     model.train()
     while step < cfg.steps:
         g.manual_seed(cfg.seed * 1_000_003 + step)
@@ -126,6 +129,6 @@ def train_gpt(cfg: GPTTrainConfig) -> dict:
     pbar.close()
     metrics = {"test_loss": test_loss(model, te_codes, te_labels), "train_loss_last": loss.item(), "steps": step}
     run.log({"final": True, **metrics})
-    run.export("gpt.safetensors", model.state_dict(), asdict(model.config),
+    run.export(export_name, model.state_dict(), asdict(model.config),
                extra={"train": asdict(cfg), "metrics": metrics})
     return metrics

@@ -2,10 +2,12 @@
 
     python -m vgen.train.zoo --vq runs/photos-vq/vq.safetensors --gpt runs/photos-gpt/gpt.safetensors \
         --name photos-gpt --out vgen/zoo/photos-gpt
+    python -m vgen.train.zoo --vq runs/photos-vq/vq.safetensors --nar runs/photos-nar/nar.safetensors \
+        --name photos-nar --out vgen/zoo/photos-nar --compare-to photos-gpt
     python -m vgen.train.zoo --msvq runs/photos-msvq/msvq.safetensors --var runs/photos-var/var.safetensors \
         --name photos-var --out vgen/zoo/photos-var
 
-The GPT weights are stored as fp16 (half the bytes; loaded back as fp32); the export measures the test
+The GPT / NAR / VAR weights are stored as fp16 (half the bytes; loaded back as fp32); the export measures the test
 loss both ways so the card shows what the rounding costs.
 """
 from __future__ import annotations
@@ -24,9 +26,16 @@ from vgen.io import atomic_write_json, make_grid, save_png, save_safetensors
 DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 4, "init": "vertical"}
 
 
+NAR_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0}  # photos-gpt's, for a like-for-like comparison
+
+
 def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | None = None,
-           n_test: int = 512, grid_seed: int = 0, grid: str | None = None) -> dict:
-    from vgen.models import load_official, read_checkpoint
+           n_test: int = 512, grid_seed: int = 0, grid: str | None = None, kind: str = "gpt",
+           compare_to: str | None = None) -> dict:
+    """A token-grid zoo pipeline: VQ tokenizer (fp32) + GPT or NAR (``kind``; stored fp16, test loss measured
+    both ways). ``compare_to`` names the zoo model a benchmark takes the AR baseline from (photos-nar:
+    photos-gpt, same tokenizer, data and training budget)."""
+    from vgen.models import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.gpt import encode_split, test_loss
     from vgen.train.vq import evaluate
@@ -34,24 +43,26 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     vq = load_official("vq", vq_path)
-    gpt = load_official("gpt", gpt_path)
-    _, vq_meta = read_checkpoint(vq_path)
+    gpt = load_official(kind, gpt_path)
     vq_metrics = evaluate(vq, 512)
     codes, labels = encode_split(vq, "test", n_test, seed=1)
     loss32 = test_loss(gpt, codes, labels)
     save_safetensors(vq.state_dict(), out / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
     half = {k: (v.half() if v.is_floating_point() else v) for k, v in gpt.state_dict().items()}
-    save_safetensors(half, out / "gpt.safetensors", metadata={"config": json.dumps(gpt.config_dict())})
-    gpt16 = load_official("gpt", out / "gpt.safetensors")
+    save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(gpt.config_dict())})
+    gpt16 = load_official(kind, out / f"{kind}.safetensors")
     loss16 = test_loss(gpt16, codes, labels)
-    card = {"model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
-            "name": name, "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size, "class_names": list(CLASS_NAMES),
-            "image_size": 64, "sampling": sampling or DEFAULT_SAMPLING,
+    card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
+            "generation": gpt.generation, "name": name, "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
+            "class_names": list(CLASS_NAMES), "image_size": 64,
+            "sampling": sampling or (NAR_SAMPLING if kind == "nar" else DEFAULT_SAMPLING),
             "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],
                         "tokenizer_codebook_usage": vq_metrics["codebook_usage"],
-                        "gpt_test_loss_fp32": loss32, "gpt_test_loss_stored_fp16": loss16,
-                        "gpt_params": sum(p.numel() for p in gpt.parameters()),
+                        f"{kind}_test_loss_fp32": loss32, f"{kind}_test_loss_stored_fp16": loss16,
+                        f"{kind}_params": sum(p.numel() for p in gpt.parameters()),
                         "vq_params": sum(p.numel() for p in vq.parameters())}}
+    if compare_to:
+        card["compare_to"] = compare_to
     atomic_write_json(out / "pipeline.json", card)
     # card grid: two samples per class with the recommended settings, classes in rows
     pipe = Pipeline.from_pretrained(str(out))
@@ -109,6 +120,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vq", help="LlamaGen VQ tokenizer (with --gpt)")
     ap.add_argument("--gpt")
+    ap.add_argument("--nar", help="a NAR model over the --vq tokenizer's codes (instead of --gpt)")
+    ap.add_argument("--compare-to", default=None, help="zoo model holding the AR baseline (photos-nar: photos-gpt)")
     ap.add_argument("--msvq", help="multi-scale VQVAE (with --var)")
     ap.add_argument("--var")
     ap.add_argument("--out", required=True)
@@ -119,8 +132,10 @@ def main():
         card = export_var(a.msvq, a.var, a.out, a.name, grid=a.grid)
     elif a.vq and a.gpt:
         card = export(a.vq, a.gpt, a.out, a.name, grid=a.grid)
+    elif a.vq and a.nar:
+        card = export(a.vq, a.nar, a.out, a.name, grid=a.grid, kind="nar", compare_to=a.compare_to)
     else:
-        ap.error("give --vq and --gpt (a next-token pipeline) or --msvq and --var (a next-scale pipeline)")
+        ap.error("give --vq and --gpt (next-token), --vq and --nar (next-neighbour) or --msvq and --var (next-scale)")
     print(json.dumps(card["metrics"], indent=2))
 
 
