@@ -182,6 +182,17 @@ def test_vgen_demo_command_serves_the_app(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vgen", "demo", "model=nope"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "vgen", "demo", f"model.path={tmp_path}"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no pipeline.json" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_app_can_start_on_a_local_folder(tiny_nar_pipeline):
+    pytest.importorskip("gradio")
+    from vgen.demo import LOCAL, Demo, build_app
+    app = build_app(Demo(allowed_dirs=[str(tiny_nar_pipeline.parent)]), "photos-gpt", str(tiny_nar_pipeline))
+    values = [getattr(b, "value", None) for b in app.blocks.values()]
+    assert LOCAL in values and str(tiny_nar_pipeline) in values and ["nar"] in values
 
 
 def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_pipeline):

@@ -43,7 +43,7 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
     for o in overrides:
         key, sep, value = o.partition("=")
         key = key.lstrip("+~")
-        if sep and key in ("model", "sampler", "recipe") and not (key == "model" and command == "demo"):
+        if sep and key in ("model", "sampler", "recipe"):
             valid = _group_options(key)
             if "(" in value:  # a sweep function (choice(...), glob(...)): Hydra checks it
                 continue

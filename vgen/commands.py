@@ -211,8 +211,15 @@ def demo(cfg: DictConfig):
     from vgen.pipeline import list_models
     if importlib.util.find_spec("gradio") is None:
         raise VGenError("the demo needs Gradio: pip install -e \".[demo]\" (or pip install \"gradio>=6,<7\")")
-    if cfg.model not in list_models():
-        raise VGenError(f"unknown zoo model {cfg.model!r}; available: {', '.join(list_models())}")
+    if cfg.model.path:
+        folder = Path(cfg.model.path).expanduser().resolve()
+        if not (folder / "pipeline.json").exists():
+            raise VGenError(f"model.path={cfg.model.path}: no pipeline.json there")
+        if not any(folder.is_relative_to(Path(d).expanduser().resolve()) for d in cfg.allowed_dirs or []):
+            raise VGenError(f"model.path={cfg.model.path} is outside allowed_dirs: add its parent, e.g. "
+                            f"allowed_dirs=[{folder.parent}]")
+    elif cfg.model.name not in list_models():
+        raise VGenError(f"unknown zoo model {cfg.model.name!r}; available: {', '.join(list_models())}")
     if not 0 < cfg.server_port < 65536:
         raise VGenError(f"server_port must be in 1..65535, got {cfg.server_port}")
     for d in cfg.allowed_dirs or []:

@@ -182,7 +182,7 @@ def step_heatmap(step_map: torch.Tensor, grid: tuple[int, int], size: int = 192)
     return np.ascontiguousarray(rgb.repeat(rep, 0).repeat(rep, 1))
 
 
-def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
+def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
     import gradio as gr
 
     from vgen.pipeline import list_models
@@ -190,7 +190,10 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
     demo = demo or Demo()
     models = list_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]
-    names = demo.class_names(default_model)
+    if default_folder and demo.allowed:  # `vgen demo model.path=<folder>`: start on that local pipeline
+        default_model = LOCAL
+    start = demo.resolve_model(default_model, default_folder) if default_model == LOCAL else default_model
+    names = demo.class_names(start)
     samplers = list_samplers()
 
     def fitting(name):
@@ -200,7 +203,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
         except VGenError:
             return samplers
 
-    default_fits = fitting(default_model)
+    default_fits = fitting(start)
 
     def on_model(model, folder):
         try:
@@ -236,7 +239,8 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
         with gr.Row():
             with gr.Column(scale=1):
                 model = gr.Dropdown(models, value=default_model, label="model")
-                folder = gr.Textbox(label="local pipeline folder", visible=False,
+                folder = gr.Textbox(label="local pipeline folder", visible=default_model == LOCAL,
+                                    value=default_folder if default_model == LOCAL else None,
                                     placeholder="a folder with pipeline.json inside the served directories")
                 cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}", label="class")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
@@ -285,7 +289,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt"):
 
 def launch(cfg) -> None:
     demo = Demo(allowed_dirs=list(cfg.allowed_dirs or []), device=cfg.device)
-    app = build_app(demo, cfg.model)
+    app = build_app(demo, cfg.model.name, cfg.model.path)
     print(f"vgen demo on http://{cfg.server_name}:{cfg.server_port} (Ctrl-C to stop)")
     # No allowed_paths: the app serves only what it generates (Gradio's cache), never the pipeline folders.
     app.launch(server_name=cfg.server_name, server_port=cfg.server_port, share=cfg.share, show_error=False,

@@ -87,7 +87,7 @@ class DemoSchema:
     server_name: str = "127.0.0.1"
     server_port: int = 7860
     share: bool = False
-    model: str = "photos-gpt"
+    model: Any = None  # the model group: a zoo name (model=photos-var) or model.path=<folder>
     allowed_dirs: list[str] = field(default_factory=list)
     device: str = "cpu"
 

@@ -52,6 +52,16 @@ class RunDir:
         with open(self.path / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, dict | None]:
+        """Restore model, optimiser and RNG from ``last.pt`` if there is one -> (step, the whole state)."""
+        state = self.load()
+        if state is None:
+            return 0, None
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        set_rng_state(state["rng"])
+        return int(state["step"]), state
+
     def export(self, name: str, state_dict: dict, config: dict, extra: dict | None = None) -> Path:
         meta = {"config": json.dumps(config)}
         if extra:

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES, photos, to_model_range
 from vgen.models.gpt import GPT, GPTConfig
-from vgen.train.common import RunDir, autocast, lr_at, rng_state, set_rng_state
+from vgen.train.common import RunDir, autocast, lr_at, rng_state
 
 
 @dataclass
@@ -92,13 +92,7 @@ def train_gpt(cfg: GPTTrainConfig, model_cls=GPT, config_cls=GPTConfig, export_n
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    step = 0
-    state = run.load()
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = int(state["step"])
-        set_rng_state(state["rng"])
+    step, _ = run.resume(model, opt)
     g = torch.Generator().manual_seed(cfg.seed)
     pbar = tqdm(total=cfg.steps, initial=step, desc=desc, dynamic_ncols=True)
     model.train()

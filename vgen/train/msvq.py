@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from vgen.data import photos, to_model_range, to_uint8
+from vgen.data import photos, to_model_range
 from vgen.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE
-from vgen.train.common import RunDir, autocast, lr_at, rng_state, set_rng_state
-from vgen.train.vq import psnr
+from vgen.train.common import RunDir, autocast, lr_at, rng_state
+from vgen.train.vq import evaluate  # noqa: F401  (re-exported: the generic tokenizer evaluation)
 
 
 @dataclass
@@ -38,21 +38,6 @@ class MSVQTrainConfig:
         v_patch_nums=[1, 2, 3, 4, 6, 8, 11, 16]))
 
 
-@torch.no_grad()
-def evaluate(model: MultiScaleVQVAE, n: int = 256, seed: int = 0, batch: int = 64) -> dict:
-    """Test-split reconstruction PSNR (all scales) and codebook usage."""
-    model.eval()
-    data = photos("test", n, seed=seed).images
-    recs, codes = [], []
-    for i in range(0, n, batch):
-        c = model.encode_to_codes(to_model_range(data[i:i + batch]))
-        codes.append(c)
-        recs.append(to_uint8(model.decode_codes(c)))
-    codes = torch.cat(codes)
-    return {"test_psnr": psnr(torch.cat(recs), data),
-            "codebook_usage": codes.unique().numel() / model.codebook_size}
-
-
 def train_msvq(cfg: MSVQTrainConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -61,13 +46,9 @@ def train_msvq(cfg: MSVQTrainConfig) -> dict:
     model = MultiScaleVQVAE(MSVQConfig(**cfg.model))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     last_used = torch.zeros(model.codebook_size, dtype=torch.long)
-    step = 0
-    state = run.load()
+    step, state = run.resume(model, opt)
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        last_used, step = state["last_used"], int(state["step"])
-        set_rng_state(state["rng"])
+        last_used = state["last_used"]
     pbar = tqdm(total=cfg.steps, initial=step, desc="msvq", dynamic_ncols=True)
     model.train()
     while step < cfg.steps:

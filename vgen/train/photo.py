@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES, photos
 from vgen.eval.extractors import PhotoClassifier
-from vgen.train.common import RunDir, lr_at, rng_state, set_rng_state
+from vgen.train.common import RunDir, lr_at, rng_state
 
 
 @dataclass
@@ -58,13 +58,7 @@ def train_photo(cfg: PhotoTrainConfig) -> dict:
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    step = 0
-    state = run.load()
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = int(state["step"])
-        set_rng_state(state["rng"])
+    step, _ = run.resume(model, opt)
     pbar = tqdm(total=cfg.steps, initial=step, desc="photo classifier", dynamic_ncols=True)
     model.train()
     while step < cfg.steps:

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES
 from vgen.models.var import VAR, VARConfig
-from vgen.train.common import RunDir, autocast, lr_at, rng_state, set_rng_state
+from vgen.train.common import RunDir, autocast, lr_at, rng_state
 
 
 @dataclass
@@ -80,13 +80,7 @@ def train_var(cfg: VARTrainConfig) -> dict:
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "pos_" not in n and "emb" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    step = 0
-    state = run.load()
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = int(state["step"])
-        set_rng_state(state["rng"])
+    step, _ = run.resume(model, opt)
     g = torch.Generator()
     pbar = tqdm(total=cfg.steps, initial=step, desc="var", dynamic_ncols=True)
     model.train()

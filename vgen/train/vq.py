@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from vgen.data import photos, to_model_range
 from vgen.tokenizers.vq import VQConfig, VQModel
-from vgen.train.common import RunDir, autocast, lr_at, rng_state, set_rng_state
+from vgen.train.common import RunDir, autocast, lr_at, rng_state
 
 
 @dataclass
@@ -44,8 +44,9 @@ def psnr(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: VQModel, n: int = 256, seed: int = 0, batch: int = 64) -> dict:
-    """Test-split reconstruction PSNR and codebook usage."""
+def evaluate(model, n: int = 256, seed: int = 0, batch: int = 64) -> dict:
+    """Test-split reconstruction PSNR and codebook usage of a tokenizer (VQ or multi-scale VQVAE: anything with
+    ``encode_to_codes``, ``decode_codes`` and ``codebook_size``)."""
     from vgen.data import to_uint8
     model.eval()
     data = photos("test", n, seed=seed).images
@@ -68,14 +69,9 @@ def train_vq(cfg: VQTrainConfig) -> dict:
     model = VQModel(VQConfig(**cfg.model))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     last_used = torch.zeros(model.codebook_size, dtype=torch.long)
-    step = 0
-    state = run.load()
+    step, state = run.resume(model, opt)
     if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
         last_used = state["last_used"]
-        step = int(state["step"])
-        set_rng_state(state["rng"])
     pbar = tqdm(total=cfg.steps, initial=step, desc="vq", dynamic_ncols=True)
     model.train()
     while step < cfg.steps:
