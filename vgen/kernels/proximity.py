@@ -44,10 +44,12 @@ def proximity_mask(h: int, w: int, cond_len: int = 1) -> torch.Tensor:
     return m
 
 
-def neighbour_sources(h: int, w: int, d: int, offsets: tuple[tuple[int, int], ...]) -> list[torch.Tensor]:
+@functools.cache
+def neighbour_sources(h: int, w: int, d: int, offsets: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, ...]:
     """For the tokens of diagonal ``d + 1`` (row ascending): per offset (dr, dc) of a head (the head at token
     (r, c) predicts token (r + dr, c + dc)), the position within diagonal ``d`` of the token whose head
-    reaches each target, or -1 where that source lies outside the grid. Offsets must step one diagonal."""
+    reaches each target, or -1 where that source lies outside the grid. Offsets must step one diagonal.
+    Cached: the sampler asks for the same (grid, diagonal) tables on every image."""
     cur = anti_diagonals(h, w)[d]
     nxt = anti_diagonals(h, w)[d + 1]
     where = {int(t): i for i, t in enumerate(cur)}
@@ -61,4 +63,4 @@ def neighbour_sources(h: int, w: int, d: int, offsets: tuple[tuple[int, int], ..
             sr, sc = r - dr, c - dc
             src.append(where[sr * w + sc] if 0 <= sr < h and 0 <= sc < w else -1)
         out.append(torch.tensor(src, dtype=torch.long))
-    return out
+    return tuple(out)

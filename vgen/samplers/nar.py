@@ -81,9 +81,9 @@ class NARSampler(Sampler):
         tok, lp = draw(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
         tokens[:, :1], logp[:, :1], step_map[:, 0] = tok, lp, 0
         done = 1
+        sources_per_step = [[s.to(dev) for s in neighbour_sources(h, w, d, offsets)] for d in range(len(diags) - 1)]
         for d in tqdm(range(len(diags) - 1), disable=not progress, desc="nar", leave=False):
-            cur, nxt = diags[d], diags[d + 1]
-            sources = [s.to(dev) for s in neighbour_sources(h, w, d, offsets)]
+            cur, nxt, sources = diags[d], diags[d + 1], sources_per_step[d]
             apply_cfg = o.cfg_interval < 0 or done <= o.cfg_interval
             tok, lp = step(model, cache, tokens[:, cur], cur + model.cond_len, sources, u[:, nxt],
                            apply_cfg=apply_cfg, **kw)
