@@ -12,12 +12,13 @@ from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 def token_step(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg: bool, cfg_scale: float,
                temperature: float, top_k: int, top_p: float):
-    """Last-position logits (B or 2B, V) -> (tokens (B,), log-prob of each under the target (B,))."""
+    """Logits (B or 2B, ..., V) with uniforms u (B, ...) -> (tokens (B, ...), log-prob of each under the target):
+    one position per sample (AR) or several at once (NAR's anti-diagonal)."""
     if cfg:
         logits = guide(logits, cfg_scale) if apply_cfg else logits[: logits.shape[0] // 2]
     probs = filter_probs(logits, temperature, top_k, top_p)
     tok = sample_from_probs(probs, u)
-    return tok, probs.gather(-1, tok[:, None]).squeeze(-1).clamp_min(1e-30).log()
+    return tok, probs.gather(-1, tok[..., None]).squeeze(-1).clamp_min(1e-30).log()
 
 
 def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.Tensor, cfg: bool,

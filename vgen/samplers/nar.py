@@ -17,9 +17,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from vgen.kernels.decode import compiled
+from vgen.kernels.decode import compiled, token_step
 from vgen.kernels.proximity import anti_diagonals, neighbour_sources
-from vgen.kernels.sampling import filter_probs, guide, per_sample_uniforms, sample_from_probs
+from vgen.kernels.sampling import per_sample_uniforms
 from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
 
 
@@ -36,23 +36,13 @@ def neighbour_logits(head_logits: tuple[torch.Tensor, ...], sources: list[torch.
     return total / count[None, :, None]
 
 
-def draw(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg: bool, cfg_scale: float, temperature: float,
-         top_k: int, top_p: float):
-    """Logits (B or 2B, T, V) -> (tokens (B, T), log-probs under the target (B, T)) with uniforms u (B, T)."""
-    if cfg:
-        logits = guide(logits, cfg_scale) if apply_cfg else logits[: logits.shape[0] // 2]
-    probs = filter_probs(logits, temperature, top_k, top_p)
-    tok = sample_from_probs(probs, u)
-    return tok, probs.gather(-1, tok[..., None]).squeeze(-1).clamp_min(1e-30).log()
-
-
 def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, cfg: bool, apply_cfg: bool,
                     cfg_scale: float, temperature: float, top_k: int, top_p: float):
     """Feed diagonal d's tokens (B, S) at positions ``pos`` (S,); draw diagonal d + 1's tokens with uniforms
     ``u`` (B, T) -> (tokens (B, T), log-probs (B, T))."""
     x = torch.cat([tokens, tokens]) if cfg else tokens
     logits = neighbour_logits(model.decode_neighbours(x, pos, cache), sources)
-    return draw(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
+    return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
 
 
 @register_sampler
@@ -78,7 +68,7 @@ class NARSampler(Sampler):
         tokens = torch.empty((B, L), dtype=torch.long, device=dev)
         logp = torch.empty((B, L), dtype=torch.float32, device=dev)
         step_map = torch.empty((B, L), dtype=torch.long, device=dev)
-        tok, lp = draw(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
+        tok, lp = token_step(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
         tokens[:, :1], logp[:, :1], step_map[:, 0] = tok, lp, 0
         done = 1
         sources_per_step = [[s.to(dev) for s in neighbour_sources(h, w, d, offsets)] for d in range(len(diags) - 1)]
