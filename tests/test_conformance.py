@@ -155,7 +155,7 @@ def test_conformance_nar_proximity_mask_and_teacher_forced_logits(conf_dir):
     from vgen.kernels.proximity import proximity_mask
     model, io = _nar(conf_dir)
     h, w = model.grid
-    assert torch.equal(proximity_mask(h, w, model.cond_len), io["proximity_mask"])
+    assert torch.equal(proximity_mask((h, w), model.cond_len), io["proximity_mask"])
     with torch.no_grad():
         logits = model(io["tokens"], io["cond"])
     torch.testing.assert_close(logits, io["logits"], atol=1e-4, rtol=0)

@@ -5,13 +5,13 @@ import torch
 
 from exact import chi2_p, counts_of, exact_joint, tv
 from vgen.errors import VGenError
-from vgen.kernels.proximity import anti_diagonals, neighbour_sources, proximity_mask
+from vgen.kernels.proximity import anti_diagonals, average_heads, grid_sources, neighbour_sources, proximity_mask
 from vgen.samplers import sample
 
 
 # ---- mask and order -------------------------------------------------------------------------------------------
 def test_proximity_mask_who_sees_whom_on_small_grids():
-    m = proximity_mask(3, 3, cond_len=1)
+    m = proximity_mask((3, 3), cond_len=1)
     assert m.shape == (10, 10)
     assert m[0].tolist() == [True] + [False] * 9  # the condition sees only itself
     assert m[1:, 0].all()  # every token sees the condition
@@ -28,21 +28,117 @@ def test_proximity_mask_who_sees_whom_on_small_grids():
         for b in range(9):
             assert sees(a, b) == (sum(divmod(b, 3)) <= sum(divmod(a, 3)))
     # a rectangular grid with a 2-position condition: causal among the condition
-    r = proximity_mask(2, 3, cond_len=2)
+    r = proximity_mask((2, 3), cond_len=2)
     assert r[:2, :2].tolist() == [[True, False], [True, True]] and not r[:2, 2:].any()
     assert r[2 + 5, 2:].all() and r[2 + 2].tolist()[2:] == [True, True, True, True, True, False]
 
 
 def test_anti_diagonals_and_neighbour_sources():
-    d = anti_diagonals(3, 4)
+    d = anti_diagonals((3, 4))
     assert len(d) == 3 + 4 - 1
     assert [t.tolist() for t in d] == [[0], [1, 4], [2, 5, 8], [3, 6, 9], [7, 10], [11]]
     assert sorted(torch.cat(d).tolist()) == list(range(12))
-    right, down = neighbour_sources(3, 4, 1, ((0, 1), (1, 0)))  # diagonal 1 [1, 4] -> diagonal 2 [2, 5, 8]
+    right, down = neighbour_sources((3, 4), 1, ((0, 1), (1, 0)))  # diagonal 1 [1, 4] -> diagonal 2 [2, 5, 8]
     assert right.tolist() == [0, 1, -1]  # 2 <- right of 1, 5 <- right of 4, 8 is in the first column
     assert down.tolist() == [-1, 0, 1]  # 2 is in the first row, 5 <- below 1, 8 <- below 4
     with pytest.raises(ValueError, match="next anti-diagonal"):
-        neighbour_sources(3, 4, 1, ((1, 1),))
+        neighbour_sources((3, 4), 1, ((1, 1),))
+
+
+def test_video_grids_three_heads_brute_force():
+    """(t, h, w) grids: the same rules in three dimensions, checked against plain loops."""
+    import itertools
+    shape = (2, 3, 2)
+    coords = list(itertools.product(*[range(s) for s in shape]))  # raster order
+    m = proximity_mask(shape, cond_len=1)
+    for a, ca in enumerate(coords):
+        for b, cb in enumerate(coords):
+            assert bool(m[1 + a, 1 + b]) == (sum(cb) <= sum(ca))
+    d = anti_diagonals(shape)
+    assert len(d) == 2 + 3 + 2 - 2
+    assert [t.tolist() for t in d] == [[i for i, c in enumerate(coords) if sum(c) == k] for k in range(5)]
+    offsets = ((0, 0, 1), (1, 0, 0), (0, 1, 0))  # right, next frame, down
+    for k in range(4):
+        srcs = neighbour_sources(shape, k, offsets)
+        for j, t in enumerate(d[k + 1].tolist()):
+            for off, src in zip(offsets, srcs):
+                s = tuple(c - o for c, o in zip(coords[t], off))
+                want = d[k].tolist().index(coords.index(s)) if s in coords else -1
+                assert int(src[j]) == want
+    full = grid_sources(shape, offsets)
+    for t, c in enumerate(coords):
+        for off, src in zip(offsets, full):
+            s = tuple(x - o for x, o in zip(c, off))
+            assert int(src[t]) == (coords.index(s) if s in coords else -1)
+    with pytest.raises(ValueError, match="dimensions"):
+        neighbour_sources(shape, 0, ((0, 1),))
+
+
+def test_average_heads_means_over_the_heads_that_reach():
+    shape = (2, 2, 2)
+    offsets = ((0, 0, 1), (1, 0, 0), (0, 1, 0))
+    torch.manual_seed(0)
+    heads = [torch.randn(2, 8, 5) for _ in offsets]
+    got = average_heads(heads, [s[1:] for s in grid_sources(shape, offsets)])
+    for t in range(1, 8):
+        c = divmod(t, 4)[0], divmod(t % 4, 2)[0], t % 2
+        parts = []
+        for off, hl in zip(offsets, heads):
+            s = tuple(x - o for x, o in zip(c, off))
+            if min(s) >= 0:
+                parts.append(hl[:, s[0] * 4 + s[1] * 2 + s[2]])
+        torch.testing.assert_close(got[:, t - 1], sum(parts) / len(parts))
+    assert torch.equal(got[:, 6], (heads[0][:, 6] + heads[1][:, 3] + heads[2][:, 5]) / 3)  # token (1,1,1)
+
+
+class _VideoHeads(torch.nn.Module):
+    """A stand-in next-neighbour model on a (t, h, w) grid with three heads (right, next frame, down): each
+    head at token p puts its mass on (p's token + head number + 1) mod V, so greedy decoding is predictable."""
+    token_shape = (3, 2, 4)
+    neighbour_offsets = ((0, 0, 1), (1, 0, 0), (0, 1, 0))
+    generation = "next-neighbour"
+    vocab_size, num_classes, cond_len = 7, 2, 1
+    seq_len = 24
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def null_cond(self, cond):
+        return torch.full_like(cond, self.num_classes)
+
+    def new_cache(self, batch_size):
+        from vgen.kernels.kv_cache import KVCache
+        return KVCache(1, batch_size, 1, 1 + self.seq_len, 2, torch.float32, "cpu")
+
+    def prefill(self, cond, cache):
+        return torch.nn.functional.one_hot(cond % self.vocab_size, self.vocab_size).float() * 10
+
+    def decode_neighbours(self, tokens, input_pos, cache):
+        self.seen.append(input_pos.tolist())
+        return tuple(torch.nn.functional.one_hot((tokens + k + 1) % self.vocab_size, self.vocab_size).float() * 10
+                     for k in range(3))
+
+
+def test_nar_sampler_runs_video_grids_with_a_time_head():
+    """The sampler takes the grid and the heads from the model: t + h + w - 2 passes, one diagonal each."""
+    import itertools
+    m = _VideoHeads()
+    tokens, st = sample(m, [1], "nar", top_k=1, cfg_scale=1.0)
+    shape = m.token_shape
+    assert st["forward_passes"] == 3 + 2 + 4 - 2 == len(m.seen) + 1
+    coords = list(itertools.product(*[range(s) for s in shape]))
+    assert st["step_map"][0].tolist() == [sum(c) for c in coords]
+    assert [p for p in m.seen] == [[1 + t for t in d.tolist()] for d in anti_diagonals(shape)[:-1]]
+    # greedy: a token reached by one head k is its source + k + 1; with several heads the averaged logits tie
+    # and argmax takes the lowest token value among them
+    want = {(0, 0, 0): 1}
+    for c in sorted(coords, key=sum)[1:]:
+        cands = [(want[s] + k + 1) % 7 for k, off in enumerate(m.neighbour_offsets)
+                 if min(s := tuple(x - o for x, o in zip(c, off))) >= 0]
+        want[c] = min(cands)
+    assert tokens[0].tolist() == [want[c] for c in coords]
 
 
 # ---- sampler ------------------------------------------------------------------------------------------------
@@ -149,3 +245,25 @@ def test_nar_pipeline_and_cli_sample(tiny_nar_pipeline, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "sampler 'sjd' does next-token generation but this model (tinynar) is a next-neighbour model" in err
     assert not list((tmp_path / "o3").glob("*.png"))  # refused before any sampling
+
+
+def test_bench_takes_nar_ratios_from_the_compare_to_model(tiny_pipeline, tiny_nar, tiny_vq, tmp_path):
+    """A NAR has no AR of its own: its speed-up and pass reduction come from the model its card names, and no
+    drift is reported across two different models."""
+    import json
+
+    from vgen.cli import main
+    from vgen.pipeline import save_pipeline
+    nar = save_pipeline(tmp_path / "tinynar2", tiny_nar, tiny_vq, model_kind="nar", class_names=list("abcd"),
+                        sampling={"cfg_scale": 2.0, "top_k": 8}, extra={"compare_to": str(tiny_pipeline)})
+    out = tmp_path / "bench"
+    main(["bench", f"models=[{tiny_pipeline},{nar}]", "samplers=[ar,nar]", "batch_sizes=[2]",
+                 "repeats=1", "compile=false", "num_samples=2", "baseline=false", f"outdir={out}"])
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert {(r["model"], r["sampler"]) for r in rows} == {(str(tiny_pipeline), "ar"), (str(nar), "nar")}
+    ar = next(r for r in rows if r["sampler"] == "ar")
+    n = next(r for r in rows if r["sampler"] == "nar")
+    assert n["forward_passes"] == 7 and n["pass_reduction"] == ar["forward_passes"] / 7 == 16 / 7
+    assert n["speedup_vs_ar"] == ar["seconds"] / n["seconds"]
+    assert "nll_excess" in ar and "nll_excess" not in n
+

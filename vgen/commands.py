@@ -53,7 +53,6 @@ def sample(cfg: DictConfig):
     file written atomically. Rank 0 writes grid.png and the merged stats.json."""
     import time
 
-    import torch
     from tqdm.auto import tqdm
 
     from vgen import distributed as vd

@@ -229,7 +229,8 @@ def run_bench(cfg) -> dict:
                 r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
                 if ref == "ar":
                     r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
-                    if "nll" in r and "nll" in base:
+                    # drift only within one model: another model's nll is a different distribution
+                    if "nll" in r and "nll" in base and base["model"] == r["model"]:
                         r["nll_excess"] = r["nll"] - base["nll"]
                     if "fid_photo" in r and "fid_photo" in base:
                         r["fid_photo_vs_ar"] = r["fid_photo"] / base["fid_photo"]
@@ -380,7 +381,11 @@ def _plot(rows, path: Path):
     axes = list(axes)
     ax = axes.pop(0)
     ax2 = axes.pop(0) if (has_drift or not fidel) else None
-    labels = [f"{r['sampler']}\nB={r['batch_size']}" for r in rows]
+    several = len({r["model"] for r in rows}) > 1
+
+    def name(r, sep=" "):
+        return (f"{r['model']}{sep}" if several else "") + f"{r['sampler']}{sep}B={r['batch_size']}"
+    labels = [name(r, "\n") for r in rows]
     ax.bar(range(len(rows)), [r["ms_per_token"] for r in rows], color="tab:blue")
     ax.set_xticks(range(len(rows)), labels, fontsize=6, rotation=60, ha="right")
     ax.set_ylabel("ms per token (lower is better)")
@@ -394,7 +399,7 @@ def _plot(rows, path: Path):
         mk = "o" if r["batch_size"] == min(x["batch_size"] for x in pts) else "s"
         ax2.scatter(r["nll_excess"], r["speedup_vs_ar"], marker=mk, color="tab:red")
         ax2.scatter(r["nll_excess"], r["pass_reduction"], marker=mk, color="tab:green")
-        ax2.annotate(f"{r['sampler']} B={r['batch_size']}", (r["nll_excess"], r["pass_reduction"]), fontsize=6)
+        ax2.annotate(name(r), (r["nll_excess"], r["pass_reduction"]), fontsize=6)
     if ax2 is not None:
         ax2.axhline(1.0, color="gray", lw=0.5)
         ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
@@ -408,7 +413,7 @@ def _plot(rows, path: Path):
             if "fid_photo" in r and "speedup_vs_ar" in r:
                 mk = "o" if r["batch_size"] == min(x["batch_size"] for x in rows) else "s"
                 ax3.scatter(r["fid_photo"], r["speedup_vs_ar"], marker=mk, color="tab:purple")
-                ax3.annotate(f"{r['sampler']} B={r['batch_size']}", (r["fid_photo"], r["speedup_vs_ar"]), fontsize=6)
+                ax3.annotate(name(r), (r["fid_photo"], r["speedup_vs_ar"]), fontsize=6)
         ax3.axhline(1.0, color="gray", lw=0.5)
         n = next(r["fid_samples"] for r in rows if "fid_samples" in r)
         ax3.set_xlabel(f"FID-photo vs photos-test, {n} samples (lower is better)")

@@ -14,9 +14,14 @@ head, first-column tokens only the down head. Attention follows the proximity ma
 (:mod:`vgen.kernels.proximity`): a token sees the condition and every token on its own or an earlier
 anti-diagonal.
 
-Interface for next-neighbour samplers (on top of the GPT's ``grid``, ``seq_len``, ``new_cache`` ...):
-``neighbour_offsets`` (what each head predicts, as (d_row, d_col)), ``prefill(cond, cache)`` -> logits for
-token (0, 0), and ``decode_neighbours(tokens, input_pos, cache)`` -> one logits tensor per head.
+Interface for next-neighbour samplers (on top of the GPT's ``seq_len``, ``new_cache`` ...): ``token_shape``
+(the token grid, (h, w) here), ``neighbour_offsets`` (what each head predicts, as a step along one grid axis),
+``prefill(cond, cache)`` -> logits for the first token, and ``decode_neighbours(tokens, input_pos, cache)``
+-> one logits tensor per head.
+
+The head wiring is a table (``heads``: offset, norm, output, and the block each head reads after), so a
+variant with more heads -- a video model's next-frame head after further blocks, token grid (t, h, w) --
+reuses ``run_heads``, ``combine``, the proximity kernels and the ``nar`` sampler unchanged.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import torch
 
 from vgen.kernels.kv_cache import KVCache
 from vgen.kernels.linear import Linear
-from vgen.kernels.proximity import proximity_mask
+from vgen.kernels.proximity import average_heads, grid_sources, proximity_mask
 from vgen.models.gpt import GPT, GPTConfig, RMSNorm, TransformerBlock
 
 
@@ -39,7 +44,9 @@ class NARConfig(GPTConfig):
 class NAR(GPT):
     family = "nar"
     generation = "next-neighbour"
-    neighbour_offsets = ((0, 1), (1, 0))  # right head, down head
+    # (offset it predicts, norm attribute, output attribute); the block each reads after: head_blocks()
+    heads = (((0, 1), "norm", "output"),                 # right head, after the base layers
+             ((1, 0), "medusa_norm", "medusa_output"))   # down head, after the extra blocks
 
     def __init__(self, config: NARConfig | None = None, **kwargs):
         cfg = config or NARConfig(**kwargs)
@@ -53,8 +60,20 @@ class NAR(GPT):
         self.medusa_output = Linear(cfg.dim, cfg.vocab_size, bias=False)
         for m in [*extra, self.medusa_output]:
             m.apply(self._init_weights)
-        h, w = self.grid
-        self.register_buffer("prox_mask", proximity_mask(h, w, cfg.cls_token_num), persistent=False)
+        self.register_buffer("prox_mask", proximity_mask(self.token_shape, cfg.cls_token_num), persistent=False)
+
+    @property
+    def token_shape(self) -> tuple[int, ...]:
+        return tuple(self.grid)
+
+    @property
+    def neighbour_offsets(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(off for off, _, _ in self.heads)
+
+    def head_blocks(self) -> tuple[int, ...]:
+        """Index of the block after which each head reads: the right head after the base layers, the down
+        head after the ``medusa_attention_num`` extra blocks."""
+        return self.config.n_layer - 1, len(self.layers) - 1
 
     # ---- cache and layers -----------------------------------------------------------------------------
     def new_cache(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
@@ -64,8 +83,8 @@ class NAR(GPT):
                        max_len or cfg.cls_token_num + cfg.block_size, cfg.head_dim,
                        dtype or w.dtype, device or w.device)
 
-    def run_heads(self, h, input_pos, cache=None, attn_mask=None):
-        """Hidden states -> (right-head logits, down-head logits), both float (B, S, V)."""
+    def run_heads(self, h, input_pos, cache=None, attn_mask=None) -> tuple[torch.Tensor, ...]:
+        """Hidden states -> one float (B, S, V) logits tensor per head (right, down)."""
         rope = self.freqs_cis[input_pos]
         if attn_mask is None:
             rows = self.prox_mask[input_pos]
@@ -74,27 +93,27 @@ class NAR(GPT):
                 attn_mask = attn_mask[..., : h.shape[1]]
             elif attn_mask.shape[-1] < cache.max_len:
                 attn_mask = torch.nn.functional.pad(attn_mask, (0, cache.max_len - attn_mask.shape[-1]))
-        h_right = None
+        blocks = self.head_blocks()
+        taps = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, attn_mask, cache, i, input_pos)
-            if i == self.config.n_layer - 1:
-                h_right = h
-        right = self.output(self.norm(h_right)).float()
-        down = self.medusa_output(self.medusa_norm(h)).float()
-        return right, down
+            if i in blocks:
+                taps[i] = h
+        return tuple(getattr(self, out)(getattr(self, norm)(taps[b])).float()
+                     for (_, norm, out), b in zip(self.heads, blocks))
 
     # ---- sampler interface ----------------------------------------------------------------------------
     def prefill(self, cond: torch.Tensor, cache: KVCache, return_hidden: bool = False):
-        """Run the condition, fill the cache; logits (B, V) for token (0, 0): the mean of both heads."""
+        """Run the condition, fill the cache; logits (B, V) for the first token: the mean of all heads."""
         if return_hidden:
             raise NotImplementedError("NAR has two heads on two hidden states; use decode_neighbours")
         h = self.embed_cond(cond)
         pos = torch.arange(h.shape[1], device=h.device)
-        right, down = self.run_heads(h, pos, cache)
-        return (right[:, -1] + down[:, -1]) / 2
+        heads = self.run_heads(h, pos, cache)
+        return sum(x[:, -1] for x in heads) / len(heads)
 
     def decode_neighbours(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
-                          attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                          attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """Feed tokens (B, S) at sequence positions ``input_pos`` (image token i at cls_token_num + i) under
         the proximity mask; returns the logits each head predicts for its neighbour, one (B, S, V) tensor per
         entry of ``neighbour_offsets``."""
@@ -104,21 +123,15 @@ class NAR(GPT):
         raise TypeError("a NAR model has no next-token head: drive it with decode_neighbours (sampler 'nar')")
 
     # ---- training / teacher forcing -------------------------------------------------------------------
-    def combine(self, right: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-        """Head outputs over [condition..., tokens] (B, cond_len + n, V) -> logits per token in raster order
-        (B, n, V): token (0, 0) from the last condition position (mean of both heads), then each token from
-        the neighbours whose heads reach it (mean where both do)."""
+    def combine(self, *head_logits: torch.Tensor) -> torch.Tensor:
+        """Head outputs over [condition..., tokens] (B, cond_len + n, V), one per head -> logits per token in
+        raster order (B, n, V): the first token from the last condition position (mean of all heads), every
+        other token the mean of the heads that reach it from its neighbours."""
         c = self.config.cls_token_num
-        h, w = self.grid
-        B, V = right.shape[0], right.shape[-1]
-        r = right[:, c:].reshape(B, h, w, V)
-        d = down[:, c:].reshape(B, h, w, V)
-        out = torch.empty_like(r)
-        out[:, 0, 0] = (right[:, c - 1] + down[:, c - 1]) / 2
-        out[:, 0, 1:] = r[:, 0, :-1]
-        out[:, 1:, 0] = d[:, :-1, 0]
-        out[:, 1:, 1:] = (r[:, 1:, :-1] + d[:, :-1, 1:]) / 2
-        return out.reshape(B, h * w, V)
+        first = sum(x[:, c - 1] for x in head_logits) / len(head_logits)
+        sources = [s.to(first.device) for s in grid_sources(self.token_shape, self.neighbour_offsets)]
+        rest = average_heads([x[:, c:] for x in head_logits], [s[1:] for s in sources])
+        return torch.cat([first[:, None], rest], dim=1)
 
     def forward(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
         """Teacher forcing over all n tokens (B, n) with the proximity mask -> logits (B, n, V), ``logits[:, i]``
@@ -126,5 +139,4 @@ class NAR(GPT):
         c = self.embed_cond(cond)
         h = self.tok_dropout(torch.cat([c, self.tok_embeddings(tokens)], dim=1))
         pos = torch.arange(h.shape[1], device=h.device)
-        right, down = self.run_heads(h, pos, None, attn_mask)
-        return self.combine(right, down)
+        return self.combine(*self.run_heads(h, pos, None, attn_mask))

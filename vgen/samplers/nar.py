@@ -1,9 +1,11 @@
 """Next-neighbour parallel decoding (NAR): one anti-diagonal of the token grid per forward pass.
 
-The prefill predicts token (0, 0). Each following pass feeds the tokens of anti-diagonal d (row ascending)
+The prefill predicts the first token. Each following pass feeds the tokens of anti-diagonal d (raster order)
 under the proximity mask and draws every token of diagonal d + 1 at once: each target's logits are the mean
-of the heads that reach it (the right head of its left neighbour, the down head of the token above; edge
-tokens have one). An h x w grid takes h + w - 1 passes (31 for 16 x 16) whatever the batch.
+of the heads that reach it (for an image the right head of its left neighbour and the down head of the token
+above; edge tokens have one). An h x w grid takes h + w - 1 passes (31 for 16 x 16) whatever the batch; the
+sampler reads the grid (``model.token_shape``) and the heads (``model.neighbour_offsets``) from the model, so a
+t x h x w video grid with a next-frame head takes t + h + w - 2.
 
 Options are the shared ones: CFG (rows [cond; uncond], LlamaGen's form, applied to the head-averaged
 logits; ``cfg_interval`` as in the official code: guidance stops once more than ``cfg_interval`` tokens
@@ -18,22 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from vgen.kernels.decode import compiled, token_step
-from vgen.kernels.proximity import anti_diagonals, neighbour_sources
+from vgen.kernels.proximity import anti_diagonals, average_heads, neighbour_sources
 from vgen.kernels.sampling import per_sample_uniforms
 from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
-
-
-def neighbour_logits(head_logits: tuple[torch.Tensor, ...], sources: list[torch.Tensor]) -> torch.Tensor:
-    """Per head (B, S, V) logits at the tokens of one diagonal and, per head, the index of the source token
-    of every target on the next diagonal (-1 = none) -> (B, T, V): the mean over the heads that reach each
-    target."""
-    total, count = None, None
-    for logits, src in zip(head_logits, sources):
-        ok = (src >= 0).to(logits.dtype)
-        part = logits[:, src.clamp_min(0)] * ok[None, :, None]
-        total = part if total is None else total + part
-        count = ok if count is None else count + ok
-    return total / count[None, :, None]
 
 
 def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, cfg: bool, apply_cfg: bool,
@@ -41,7 +30,7 @@ def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, c
     """Feed diagonal d's tokens (B, S) at positions ``pos`` (S,); draw diagonal d + 1's tokens with uniforms
     ``u`` (B, T) -> (tokens (B, T), log-probs (B, T))."""
     x = torch.cat([tokens, tokens]) if cfg else tokens
-    logits = neighbour_logits(model.decode_neighbours(x, pos, cache), sources)
+    logits = average_heads(model.decode_neighbours(x, pos, cache), sources)
     return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
 
 
@@ -55,9 +44,9 @@ class NARSampler(Sampler):
         o = self.options
         t0 = time.perf_counter()
         B, L, dev = cond.shape[0], model.seq_len, cond.device
-        h, w = model.grid
-        diags = [d.to(dev) for d in anti_diagonals(h, w)]
-        offsets = tuple(model.neighbour_offsets)
+        shape = tuple(model.token_shape)
+        diags = [d.to(dev) for d in anti_diagonals(shape)]
+        offsets = tuple(tuple(o) for o in model.neighbour_offsets)
         cfg = o.guided
         cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
         cache = model.new_cache(cond_in.shape[0])
@@ -71,7 +60,7 @@ class NARSampler(Sampler):
         tok, lp = token_step(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
         tokens[:, :1], logp[:, :1], step_map[:, 0] = tok, lp, 0
         done = 1
-        sources_per_step = [[s.to(dev) for s in neighbour_sources(h, w, d, offsets)] for d in range(len(diags) - 1)]
+        sources_per_step = [[s.to(dev) for s in neighbour_sources(shape, d, offsets)] for d in range(len(diags) - 1)]
         for d in tqdm(range(len(diags) - 1), disable=not progress, desc="nar", leave=False):
             cur, nxt, sources = diags[d], diags[d + 1], sources_per_step[d]
             apply_cfg = o.cfg_interval < 0 or done <= o.cfg_interval
