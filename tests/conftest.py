@@ -7,6 +7,16 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip on machines without a CUDA device (CI has none)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 def conformance_dir() -> Path:
     return Path(os.environ.get("VGEN_CONFORMANCE_DIR", REPO.parent / "shared" / "conformance"))
 

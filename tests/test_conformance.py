@@ -154,7 +154,7 @@ def _nar(conf_dir):
 def test_conformance_nar_proximity_mask_and_teacher_forced_logits(conf_dir):
     from vgen.kernels.proximity import proximity_mask
     model, io = _nar(conf_dir)
-    h, w = model.grid
+    h, w = model.token_shape
     assert torch.equal(proximity_mask((h, w), model.cond_len), io["proximity_mask"])
     with torch.no_grad():
         logits = model(io["tokens"], io["cond"])
@@ -164,7 +164,7 @@ def test_conformance_nar_proximity_mask_and_teacher_forced_logits(conf_dir):
 @pytest.mark.parametrize("key,cfg", [("greedy_cfg4", 4.0), ("greedy_nocfg", 1.0)])
 def test_conformance_nar_greedy_generation(conf_dir, key, cfg):
     model, io = _nar(conf_dir)
-    h, w = model.grid
+    h, w = model.token_shape
     for bs in (1, None):  # one sample at a time, and one batch: same tokens
         tokens, stats = sample(model, io["cond"], "nar", top_k=1, cfg_scale=cfg, batch_size=bs)
         assert torch.equal(tokens, io[key].long())

@@ -82,7 +82,7 @@ def test_reference_statistics_are_cached_per_extractor_weights(cache, classifier
     assert len(list((cache / "torch-fidelity").iterdir())) > len(files)  # new weights -> new cache entry
 
 
-@pytest.mark.parametrize("backend", ["torch-fidelity", "clean-fid"])
+@pytest.mark.parametrize("backend", ["torch-fidelity", pytest.param("clean-fid", marks=pytest.mark.slow)])
 def test_inception_path_runs_offline_with_local_weights(cache, inception, backend):
     import vgen.eval as ev
     ref = real(8, seed=4)
@@ -163,6 +163,7 @@ def test_image_inputs_folder_npz_array(tmp_path):
         load_images(tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_eval_cli_writes_metrics_and_npz(tmp_path, classifier, cache):
     from vgen.io import save_png
     d = tmp_path / "s"

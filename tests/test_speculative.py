@@ -32,8 +32,8 @@ def micro(micro_gpt):
     return micro_gpt, joint.numpy(), unguided.numpy()
 
 
-@pytest.mark.parametrize("init,window,fresh_q", [(i, 3, "proposal") for i in INITS]
-                         + [("random", 2, "onehot"), ("sample", 6, "onehot")])
+@pytest.mark.parametrize("init,window,fresh_q", [(i, 3, "proposal") for i in INITS] + [
+    ("random", 2, "onehot"), pytest.param("sample", 6, "onehot", marks=pytest.mark.slow)])
 def test_sjd_matches_exact_distribution(micro, init, window, fresh_q):
     """Lossless: 20k batched SJD samples follow the enumerated joint (CFG, top-k, temperature on); the same
     counts reject the unguided distribution (power), and no zero-probability image ever appears."""
@@ -61,6 +61,7 @@ def test_sjd_exact_on_a_3x3_grid_with_vertical_drafts():
     assert st["accepted_per_step"] > 1.0
 
 
+@pytest.mark.slow
 def test_relaxed_samplers_report_drift_and_stay_in_support(micro, capsys):
     """GSD and LANTERN are not lossless: measure their distance from the exact distribution. LANTERN's
     per-token drift stays within delta; neither emits an image the target gives zero probability."""
@@ -184,6 +185,7 @@ def test_pipeline_passes_the_codebook_and_returns_step_maps(tiny_pipeline):
         assert "step_map" not in gen.stats
 
 
+@pytest.mark.slow
 def test_cli_runs_speculative_samplers(tiny_pipeline, tmp_path):
     for name, extra in [("sjd", ["sampler.init=vertical", "sampler.window=5"]), ("lantern", ["sampler.delta=0.2"])]:
         out = tmp_path / name

@@ -1,6 +1,7 @@
 """Training recipes: a few steps as a smoke test, resume from the last checkpoint, export loads back."""
 import json
 
+import pytest
 import torch
 
 from vgen.models import load_official
@@ -47,7 +48,7 @@ def test_vq_and_gpt_recipes_run_resume_and_export(tmp_path):
     nm = train_nar(ncfg)
     assert nm["test_loss"] > 0 and nm["steps"] == 2
     nar = load_official("nar", tmp_path / "nar" / "nar.safetensors")
-    assert nar.config.n_layer == 1 and len(nar.layers) == 2 and nar.generation == "next-neighbour"
+    assert nar.config.n_layer == 1 and len(nar.layers) == 2 and nar.order == "next-neighbour"
 
 
 def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
@@ -89,3 +90,122 @@ def test_msvq_and_var_recipes_run_resume_and_export(tmp_path):
     assert vm["test_loss"] > 0 and vm["steps"] == 2 and len(vm["test_loss_per_scale"]) == 5
     var = load_official("var", tmp_path / "var" / "var.safetensors")
     assert var.config.embed_dim == 32 and var.patch_nums == [1, 2, 4, 8, 16]
+
+
+class _Crash(Exception):
+    pass
+
+
+def _train_with_crash(train, cfg, monkeypatch, at_step):
+    """Run ``train(cfg)`` as if the process died right after writing the checkpoint of ``at_step``."""
+    from vgen.train.common import RunDir
+    save = RunDir.save
+
+    def save_then_crash(self, state):
+        save(self, state)
+        if state["step"] == at_step:
+            raise _Crash
+    with monkeypatch.context() as m:
+        m.setattr(RunDir, "save", save_then_crash)
+        with pytest.raises(_Crash):
+            train(cfg)
+
+
+def _tiny_vq_file(path):
+    from dataclasses import asdict
+
+    from vgen.tokenizers.vq import VQConfig, VQModel
+    from vgen.train.common import RunDir
+    torch.manual_seed(0)
+    vq = VQModel(VQConfig(**TINY_VQ))
+    return str(RunDir(path).export("vq.safetensors", vq.state_dict(), asdict(vq.config)))
+
+
+@pytest.mark.parametrize("recipe", ["vq", "gpt"])
+def test_interrupted_run_resumes_bit_identically(tmp_path, monkeypatch, recipe):
+    """N steps in one go == N/2 steps, a crash after the checkpoint, and a resumed run for the rest: same weights,
+    optimiser state, recipe state (VQ's code usage, with dead-code restarts drawing from the restored RNG)
+    and metrics. The GPT has dropout, so its RNG must come back too."""
+    if recipe == "vq":
+        def make(out):
+            # a codebook larger than a batch's 16 x 16 tokens: dead codes, restarted at steps 2 and 4
+            return VQTrainConfig(out=str(out), steps=6, batch_size=1, save_every=3, eval_n=8, restart_every=2,
+                                 model=dict(TINY_VQ, codebook_size=1024), device="cpu")
+        train, export = train_vq, "vq.safetensors"
+    else:
+        tok = _tiny_vq_file(tmp_path / "tok")
+
+        def make(out):
+            return GPTTrainConfig(out=str(out), tokenizer=tok, steps=6, batch_size=4, n_train=16, n_test=8,
+                                  save_every=3, precision="fp32", device="cpu",
+                                  model=dict(dim=32, n_layer=1, n_head=2, vocab_size=32, num_classes=16,
+                                             block_size=256, cls_token_num=1, class_dropout_prob=0.5,
+                                             resid_dropout_p=0.1, ffn_dropout_p=0.1))
+        train, export = train_gpt, "gpt.safetensors"
+    once = train(make(tmp_path / "once"))
+    _train_with_crash(train, make(tmp_path / "twice"), monkeypatch, at_step=3)
+    assert torch.load(tmp_path / "twice" / "last.pt", weights_only=True)["step"] == 3
+    twice = train(make(tmp_path / "twice"))
+    assert once == twice
+    from safetensors.torch import load_file
+    a, b = load_file(tmp_path / "once" / export), load_file(tmp_path / "twice" / export)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    sa = torch.load(tmp_path / "once" / "last.pt", weights_only=True)
+    sb = torch.load(tmp_path / "twice" / "last.pt", weights_only=True)
+    assert sa.keys() == sb.keys() and sa["step"] == sb["step"] == 6
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    for i, st in sa["opt"]["state"].items():
+        assert all(torch.equal(v, sb["opt"]["state"][i][k]) for k, v in st.items())
+    assert all(t.device.type == "cpu" for t in sa["model"].values())
+    if recipe == "vq":
+        assert torch.equal(sa["last_used"], sb["last_used"])
+
+
+RECIPES = ["vq", "gpt", "nar", "photo", "msvq", "var"]
+
+
+def _recipe(name):
+    import importlib
+    mod = importlib.import_module(f"vgen.train.{name}")
+    cls = {"vq": "VQ", "gpt": "GPT", "nar": "NAR", "photo": "Photo", "msvq": "MSVQ", "var": "VAR"}[name]
+    return getattr(mod, f"{cls}TrainConfig"), getattr(mod, f"train_{name}")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_has_a_device_field_checked_before_any_work(tmp_path, recipe):
+    from vgen.errors import VGenError
+    config_cls, train = _recipe(recipe)
+    assert config_cls().device == "cpu"
+    cfg = config_cls(out=str(tmp_path / "run"), device="meta")
+    with pytest.raises(VGenError, match="meta"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()  # failed up front: no run folder, no tokenizer load, no training
+
+
+@pytest.mark.parametrize("device", ["meta", "nonsense", "cuda:99", "", "cpu:x"])
+def test_train_device_rejects_what_cannot_train_clearly(device):
+    from vgen.errors import VGenError
+    from vgen.train.common import train_device
+    with pytest.raises(VGenError, match="device"):
+        train_device(device)
+
+
+def test_train_device_accepts_cpu():
+    from vgen.train.common import train_device
+    assert train_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.cuda
+def test_recipes_train_on_cuda_and_checkpoint_for_the_cpu(tmp_path):
+    vq_cfg = VQTrainConfig(out=str(tmp_path / "vq"), steps=4, batch_size=4, save_every=2, eval_n=8,
+                           restart_every=2, model=TINY_VQ, device="cuda")
+    train_vq(vq_cfg)
+    state = torch.load(tmp_path / "vq" / "last.pt", weights_only=True)  # no map_location: CPU tensors inside
+    assert state["last_used"].device.type == "cpu" and "cuda" in state["rng"]
+    vq_cfg.steps = 5
+    train_vq(vq_cfg)
+    gm = train_gpt(GPTTrainConfig(out=str(tmp_path / "gpt"), tokenizer=str(tmp_path / "vq" / "vq.safetensors"),
+                                  steps=2, batch_size=4, n_train=16, n_test=8, save_every=1, precision="bf16",
+                                  device="cuda", model=dict(dim=32, n_layer=1, n_head=2, vocab_size=32,
+                                                            num_classes=16, block_size=256, cls_token_num=1)))
+    assert gm["steps"] == 2 and gm["test_loss"] > 0

@@ -73,7 +73,7 @@ def test_var_sampler_seeds_are_per_sample(tiny_var):
 
 
 def test_var_sampler_refuses_bad_options_and_wrong_models(tiny_var, tiny_gpt):
-    with pytest.raises(VGenError, match="top_p must be in \\[0, 1\\]"):
+    with pytest.raises(VGenError, match=r"top_p must be in \(0, 1\]"):
         sample(tiny_var, [0], "var", top_p=1.5)
     with pytest.raises(VGenError, match="kv_compression must be one of"):
         sample(tiny_var, [0], "var", kv_compression="h2o")
@@ -83,6 +83,20 @@ def test_var_sampler_refuses_bad_options_and_wrong_models(tiny_var, tiny_gpt):
         sample(tiny_var, [0], "ar")
     with pytest.raises(VGenError, match="next-token model: use one of"):
         sample(tiny_gpt, [0], "var")
+    with pytest.raises(VGenError, match="unknown option.*cfg_interval"):  # VAR has no per-token guidance window
+        sample(tiny_var, [0], "var", cfg_interval=3)
+    with pytest.raises(VGenError, match="give cfg_scale or its alias cfg, not both"):
+        sample(tiny_var, [0], "var", cfg=1.5, cfg_scale=2.5)
+    with pytest.raises(VGenError, match="cfg_scale must be a finite number"):
+        sample(tiny_var, [0], "var", cfg_scale=float("inf"))
+
+
+def test_var_cfg_alias_means_cfg_scale_minus_one(tiny_var):
+    """VAR's official cfg=c is vgen's cfg_scale=1+c: same tokens, and guidance really changes them."""
+    a, _ = sample(tiny_var, [0, 1], "var", seed=2, cfg=1.5, top_k=8)
+    b, _ = sample(tiny_var, [0, 1], "var", seed=2, cfg_scale=2.5, top_k=8)
+    off, _ = sample(tiny_var, [0, 1], "var", seed=2, cfg_scale=1.0, top_k=8)
+    assert torch.equal(a, b) and not torch.equal(a, off)
 
 
 @pytest.fixture(scope="module")
@@ -139,25 +153,83 @@ def test_window_positions_form_a_uniform_grid():
     assert ys.tolist() == xs.tolist() == [2, 6, 10, 14]
 
 
-def test_budget_one_keeps_everything_and_changes_nothing(tiny_var):
-    ref, _ = sample(tiny_var, [0, 1], "var", seed=4, cfg=1.5)
-    for kind in ("uniform",):
-        toks, st = sample(tiny_var, [0, 1], "var", seed=4, cfg=1.5, kv_compression=kind, kv_budget=1.0)
-        assert torch.equal(toks, ref) and st["kv_cache_bytes"] == st["kv_full_bytes"]
+def test_budget_one_keeps_everything_and_changes_nothing(tiny_var, tmp_path):
+    """At budget 1.0 every compression kind (vgen.kernels.kv_compression.make_policy: none, uniform, scalekv)
+    keeps the whole cache: the tokens and the bytes of no compression."""
+    from vgen.pipeline import Pipeline
+    from vgen.samplers.var import calibrate_scalekv
+    pipe = Pipeline(tiny_var, tiny_var._tokenizer[0], {"sampling": {"cfg": 1.5}})
+    cal = tmp_path / "cal.json"  # made for another budget: a calibration serves any budget
+    cal.write_text(json.dumps(calibrate_scalekv(pipe, budget=0.2, num_samples=2, batch_size=2, progress=False)))
+    ref, st_ref = sample(tiny_var, [0, 1], "var", seed=4, cfg=1.5)
+    for kind, extra in (("none", {}), ("uniform", {}), ("scalekv", {"kv_calibration": str(cal)})):
+        toks, st = sample(tiny_var, [0, 1], "var", seed=4, cfg=1.5, kv_compression=kind, kv_budget=1.0, **extra)
+        assert torch.equal(toks, ref), kind
+        assert st["kv_cache_bytes"] == st["kv_full_bytes"] == st_ref["kv_cache_bytes"], kind
+        assert st["kv_kept_fraction"] == 1.0, kind
 
 
-def test_compression_keeps_the_budget_and_only_affects_later_scales(tiny_var):
+def _measure_staged_cache(monkeypatch) -> list[dict]:
+    """Spy on the staged KV cache, independently of its own byte counting: per sampling run, for each stage the
+    bytes and token count of the keys and values its attention really reads (summed over layers), and of the
+    tensors the cache really holds after the stage."""
+    import torch.nn.functional as F
+
+    from vgen.kernels.staged_cache import StagedKVCache
+    runs: list[dict] = []
+    nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+    sdpa, init, begin, end = (F.scaled_dot_product_attention, StagedKVCache.__init__, StagedKVCache.begin_stage,
+                              StagedKVCache.end_stage)
+
+    def spy_init(self, *a, **kw):
+        runs.append({"read": [], "read_tokens": [], "kept": [], "kept_tokens": []})
+        init(self, *a, **kw)
+
+    def spy_begin(self, *a, **kw):
+        runs[-1]["read"].append(0)
+        runs[-1]["read_tokens"].append(set())
+        begin(self, *a, **kw)
+
+    def spy_sdpa(q, k, v, *a, **kw):
+        runs[-1]["read"][-1] += nb(k) + nb(v)
+        runs[-1]["read_tokens"][-1].add(k.shape[2])
+        return sdpa(q, k, v, *a, **kw)
+
+    def spy_end(self):
+        held = [t for t in self.k + self.v if t is not None]
+        runs[-1]["kept"].append(sum(nb(t) for t in held))
+        runs[-1]["kept_tokens"].append({t.shape[2] for t in held})
+        end(self)
+
+    monkeypatch.setattr(StagedKVCache, "__init__", spy_init)
+    monkeypatch.setattr(StagedKVCache, "begin_stage", spy_begin)
+    monkeypatch.setattr(StagedKVCache, "end_stage", spy_end)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    return runs
+
+
+def test_compression_keeps_the_budget_and_only_affects_later_scales(tiny_var, monkeypatch):
+    runs = _measure_staged_cache(monkeypatch)
     full, st_full = sample(tiny_var, [0, 1, 2, 3], "var", seed=7, cfg=1.5)
     toks, st = sample(tiny_var, [0, 1, 2, 3], "var", seed=7, cfg=1.5, kv_compression="uniform", kv_budget=0.25)
+    assert len(runs) == 2
+    mf, mc = runs
     # scales 0 and 1 attend to the full cache; the first compression (after scale 0) keeps 1 of 1 token, and
     # after scale 1 (5 tokens) keeps round(0.25 * 5) = 1 token per head
     assert torch.equal(toks[:, :5], full[:, :5]) and not torch.equal(toks, full)
-    rows, H, D, el, layers = 8, 2, 32, 4, 2
-    per_tok = 2 * rows * H * D * el * layers  # k and v, all rows and heads, every layer
-    assert st["kv_kept_bytes_per_scale"][:3] == [1 * per_tok, 1 * per_tok, round(0.25 * 14) * per_tok]
-    # peak: the last scale (16 tokens) plus what was kept after scale 2
-    assert st["kv_cache_bytes"] == (16 + round(0.25 * 14)) * per_tok < st_full["kv_cache_bytes"]
-    assert st["kv_fraction"] == pytest.approx(st["kv_cache_bytes"] / st_full["kv_cache_bytes"])
+    # token counts by hand (scales of 1, 4, 9 and 16 tokens): the full cache reads 1, 5, 14 and 30 tokens; the
+    # compressed one keeps 1, 1, round(0.25 * 14) = 4 tokens per head after scales 0-2 and nothing after the last
+    assert mf["read_tokens"] == [{1}, {5}, {14}, {30}]
+    assert mc["kept_tokens"] == [{1}, {1}, {4}, set()]
+    assert mc["read_tokens"] == [{1}, {1 + 4}, {1 + 9}, {4 + 16}]
+    # the reported bytes are those of the tensors the cache really held and read
+    assert st_full["kv_cache_bytes"] == st_full["kv_full_bytes"] == max(mf["read"]) == mf["read"][-1]
+    assert st["kv_kept_bytes_per_scale"] == mc["kept"]
+    assert st["kv_cache_bytes"] == max(mc["read"]) == mc["read"][-1] < st_full["kv_cache_bytes"]
+    assert st["kv_full_bytes"] == st_full["kv_cache_bytes"]
+    # peak: the last scale (16 tokens) plus the 4 kept after scale 2, of the full cache's 30
+    assert st["kv_cache_bytes"] * 30 == st_full["kv_cache_bytes"] * 20
+    assert st["kv_fraction"] == pytest.approx(20 / 30)
     assert st["kv_kept_fraction"] == pytest.approx((1 + 1 + 4) / (1 + 5 + 14))
 
 
@@ -225,7 +297,7 @@ def test_var_pipeline_generates_images(tiny_var_pipeline):
     assert pipe.card["generation"] == "next-scale"
     gen = pipe.generate([0, 3], sampler="var", seed=2)
     assert gen.images.shape == (2, 3, 8, 8) and gen.images.dtype == torch.uint8
-    assert gen.stats["options"]["cfg"] == 1.5 and gen.stats["options"]["top_k"] == 8  # the card's settings
+    assert gen.stats["options"]["cfg_scale"] == 2.5 and gen.stats["options"]["top_k"] == 8  # the card's settings
     with pytest.raises(VGenError, match="use one of var"):
         pipe.generate([0], sampler="sjd")
 
@@ -234,6 +306,7 @@ def _vgen(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "vgen", *args], capture_output=True, text=True, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_cli_calibrate_then_sample_with_scalekv(tiny_var_pipeline, tmp_path):
     cal = tmp_path / "cal.json"
     r = _vgen("scalekv", "calibrate", f"model.path={tiny_var_pipeline}", "budget=0.25", "num_samples=2",
@@ -256,6 +329,7 @@ def test_cli_calibrate_then_sample_with_scalekv(tiny_var_pipeline, tmp_path):
     assert r.returncode == 2 and "budget must be in (0, 1]" in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_kv_compression_table_with_fidelity(tiny_var_pipeline, tiny_pipeline, tmp_path):
     """Mixed models: next-token settings skip the next-scale model and vice versa; fidelity to the full cache."""
     out = tmp_path / "bench"

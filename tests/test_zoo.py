@@ -1,11 +1,12 @@
 """The embedded zoo: ships, loads, samples deterministically, and is really class-conditional."""
 import pytest
+from guards import needs_zoo
 import torch
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
 
-pytestmark = pytest.mark.skipif("photos-gpt" not in vgen.list_models(), reason="zoo weights not installed")
+pytestmark = needs_zoo("photos-gpt")
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +16,7 @@ def pipe():
 
 def test_zoo_card_and_model(pipe):
     assert pipe.num_classes == NUM_CLASSES and len(pipe.class_names) == NUM_CLASSES
-    assert pipe.model.seq_len == 256 and pipe.model.grid == (16, 16)
+    assert pipe.model.seq_len == 256 and pipe.model.token_shape == (16, 16)
     n = sum(p.numel() for p in pipe.model.parameters())
     assert 4e6 < n < 7e6
     assert pipe.model.output.weight.dtype == torch.float32  # stored fp16, loaded as fp32
@@ -29,6 +30,7 @@ def test_zoo_generate_is_seeded_and_batch_invariant(pipe):
     assert torch.equal(a.tokens[1], b.tokens[0]) and torch.equal(a.images[1], b.images[0])
 
 
+@pytest.mark.slow
 def test_zoo_gpt_is_class_conditional(pipe):
     """Held-out crops are most likely under their own class far more often than chance (1/16)."""
     data = photos("test", 2 * NUM_CLASSES, seed=123)

@@ -1,11 +1,12 @@
 """The embedded next-neighbour zoo model: ships, loads, decodes in 31 passes, is seeded and class-conditional."""
 import pytest
+from guards import needs_zoo
 import torch
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
 
-pytestmark = pytest.mark.skipif("photos-nar" not in vgen.list_models(), reason="photos-nar not installed")
+pytestmark = needs_zoo("photos-nar")
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +16,7 @@ def pipe():
 
 def test_zoo_nar_card_and_model(pipe):
     assert pipe.card["generation"] == "next-neighbour" and pipe.card["compare_to"] == "photos-gpt"
-    assert pipe.model.grid == (16, 16) and pipe.model.config.medusa_attention_num == 1
+    assert pipe.model.token_shape == (16, 16) and pipe.model.config.medusa_attention_num == 1
     assert pipe.model.medusa_output.weight.dtype == torch.float32  # stored fp16, loaded as fp32
 
 
@@ -27,6 +28,7 @@ def test_zoo_nar_generate_31_passes_seeded_and_batch_invariant(pipe):
     assert torch.equal(a.tokens[1], b.tokens[0]) and torch.equal(a.images[1], b.images[0])
 
 
+@pytest.mark.slow
 def test_zoo_nar_is_class_conditional(pipe):
     """Held-out token grids are most likely under their own class far more often than chance (1/16)."""
     data = photos("test", 2 * NUM_CLASSES, seed=123)

@@ -33,6 +33,9 @@ def _usage() -> str:
 
 
 def _group_options(group: str) -> list[str]:
+    if group == "sampler":  # generated from the registry (vgen.configs)
+        from vgen.samplers import list_samplers
+        return list_samplers(include_hidden=True)
     from pathlib import Path
     d = Path(__file__).parent / "configs" / group
     return sorted(p.stem for p in d.glob("*.yaml"))

@@ -1,8 +1,10 @@
 """``vgen demo``: a Gradio app where samplers race side by side on one model, class and seed.
 
 For every chosen sampler it shows the image (PNG), the sampling time, forward passes, speed-up over AR and a
-heatmap of the forward pass at which each token was decided (where parallel decoding happened). AR always
-runs as the baseline. Samplers come from the registry, so new ones appear here without touching this file.
+heatmap of the forward pass at which each token was decided (where parallel decoding happened). The model's
+plain sampler (AR, VAR or NAR) always runs as the baseline. Samplers come from the registry and the option widgets
+from their options dataclasses (type, help, choices), so a new sampler and its options appear here without
+touching this file. An option left blank takes the model card's value.
 
     vgen demo                                 # http://127.0.0.1:7860
     vgen demo server_port=8080 allowed_dirs=[/data/pipelines]
@@ -14,6 +16,7 @@ Named API endpoint ``/generate`` (class id, seed, sampler) -> PNG file, for scri
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -23,16 +26,15 @@ import torch
 from vgen.errors import VGenError
 
 LOCAL = "local folder..."
-MAIN_OPTIONS = ("cfg_scale", "top_k", "temperature", "window", "init", "delta")
+HIDDEN_WIDGETS = ("compile", "kv_calibration")  # set by the card / the CLI, not in a browser
 
 
 class Demo:
     """The handlers, independent of Gradio (tests call them directly). Pipelines are cached per model."""
 
-    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu", max_batch: int = 4):
+    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu"):
         self.allowed = [Path(d).expanduser().resolve() for d in (allowed_dirs or [])]
         self.device = device
-        self.max_batch = max_batch
         self._pipes: dict[str, object] = {}
 
     # ------------------------------------------------------------------ validation
@@ -87,45 +89,52 @@ class Demo:
         return s
 
     def options_for(self, name: str, sampler: str, options: dict):
-        """The options this sampler accepts (others are ignored), validated by the sampler itself."""
-        import dataclasses
-
+        """The options given (not None) that this sampler accepts, validated by the sampler against the card."""
         from vgen.pipeline import read_card, resolve_sampler
-        from vgen.samplers.base import _REGISTRY
-        fields = {f.name for f in dataclasses.fields(_REGISTRY[sampler].Options)}
-        opts = {k: v for k, v in options.items() if k in fields and v is not None}
-        card = read_card(name)
-        resolve_sampler(card, sampler, card.get("vocab_size"), **opts)  # raises VGenError on bad values
+        from vgen.samplers import sampler_class
+        opts = {k: v for k, v in options.items() if k in sampler_class(sampler).Options.names() and v is not None}
+        resolve_sampler(read_card(name), sampler, **opts)  # raises VGenError on bad values
         return opts
 
     # ------------------------------------------------------------------ work
     def race(self, model: str, folder: str | None, cls, seed, samplers: list[str], options: dict,
              progress=None) -> list[dict]:
-        """Run the baseline (AR; VAR for next-scale, NAR for next-neighbour models) and every chosen sampler on (class, seed); everything
-        is validated before any sampling."""
+        """Run the model's plain sampler (the baseline) and every chosen sampler on (class, seed); everything is
+        validated before any sampling, and an option none of the samplers takes is an error, not ignored."""
+        from vgen.interfaces import check_fits, plain_sampler
         from vgen.pipeline import read_card
-        from vgen.samplers import list_samplers
+        from vgen.samplers import list_samplers, sampler_class
         name = self.resolve_model(model, folder)
         c, s = self.parse_class(name, cls), self.parse_seed(seed)
-        chosen = [x for x in (samplers or [])]
+        chosen = list(samplers or [])
         if not chosen:
             raise VGenError("choose at least one sampler")
         for x in chosen:
             if x not in list_samplers():
                 raise VGenError(f"unknown sampler {x!r}; available: {', '.join(list_samplers())}")
-        base = baseline_sampler(read_card(name))
+        card = read_card(name)
+        base = plain_sampler(card)
+        names = [base] + [x for x in chosen if x != base]
+        for x in names:
+            check_fits(x, card)
+        given = {k for k, v in (options or {}).items() if v is not None}
+        unused = sorted(given - set().union(*(sampler_class(x).Options.names() for x in names)))
+        if unused:
+            raise VGenError(f"option(s) {', '.join(unused)} mean nothing to {', '.join(names)}: clear them or "
+                            "choose a sampler that takes them")
         # (label, sampler, options): the baseline first; for a next-scale model with KV compression chosen,
         # the full-cache run is the baseline and the compressed run races it
         comp = (options or {}).get("kv_compression")
         runs = []
-        for x in [base] + [x for x in chosen if x != base]:
-            o = self.options_for(name, x, options)
-            if x == "var" and comp not in (None, "none"):
-                runs.append(("var (full cache)", x, {**o, "kv_compression": "none"}))
-                runs.append((f"var ({comp} {o.get('kv_budget', 0.1):.0%})", x, o))
+        for x in names:
+            o = self.options_for(name, x, options or {})
+            if "kv_compression" in sampler_class(x).Options.names() and comp not in (None, "none"):
+                runs.append((f"{x} (full cache)", x, {**o, "kv_compression": "none"}))
+                runs.append((f"{x} ({comp} {o.get('kv_budget', 0.1):.0%})", x, o))
             else:
                 runs.append((x, x, o))
         pipe = self.pipeline(name)
+        grid = tuple(pipe.model.token_shape)
         results = []
         for k, (label, x, o) in enumerate(runs):
             if progress is not None:
@@ -135,10 +144,8 @@ class Demo:
             sec = time.perf_counter() - t0
             results.append({"sampler": label, "image": gen.images[0], "seconds": gen.stats["sample_seconds"],
                             "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
-                            "step_map": gen.step_map[0] if gen.step_map is not None
-                            and gen.step_map.shape[1] == pipe.model.grid[0] * pipe.model.grid[1] else None,
-                            "grid": pipe.model.grid, "options": o,
-                            "kv_cache_bytes": gen.stats.get("kv_cache_bytes")})
+                            "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) == 2 else None,
+                            "grid": grid, "options": o, "kv_cache_bytes": gen.stats.get("kv_cache_bytes")})
         if progress is not None:
             progress(1.0, desc="done")
         ar = results[0]
@@ -158,17 +165,31 @@ class Demo:
         return gen.images[0].permute(1, 2, 0).contiguous().numpy()
 
 
-def baseline_sampler(card: dict) -> str:
-    """The reference every other sampler races against: AR for next-token models, VAR for next-scale ones,
-    NAR for next-neighbour ones."""
-    from vgen.samplers.base import baseline_for
-    return baseline_for(card.get("generation", "next-token"))
+def option_fields() -> dict[str, dataclasses.Field]:
+    """Every option of the listed samplers, once (the first sampler's field where two share a name), in a stable
+    order: the demo's widgets."""
+    from vgen.samplers import list_samplers, sampler_class
+    out: dict[str, dataclasses.Field] = {}
+    for n in list_samplers():
+        for f in dataclasses.fields(sampler_class(n).Options):
+            if f.name not in HIDDEN_WIDGETS:
+                out.setdefault(f.name, f)
+    return out
 
 
-def compatible_samplers(card: dict) -> list[str]:
-    from vgen.samplers import get_sampler, list_samplers
-    kind = card.get("generation", "next-token")
-    return [n for n in list_samplers() if get_sampler(n).generation == kind]
+def option_widget(f: dataclasses.Field):
+    """A Gradio input for one option field, blank by default (blank = the model card's value)."""
+    import gradio as gr
+    label = f"{f.name}: {f.metadata.get('help', '')}"
+    choices = f.metadata.get("choices")
+    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if choices:
+        return gr.Dropdown(list(choices), value=None, label=label)
+    if t == "bool":
+        return gr.Dropdown([True, False], value=None, label=label)
+    if t in ("int", "float"):
+        return gr.Number(None, label=label, precision=0 if t == "int" else None)
+    return gr.Textbox(None, label=label)
 
 
 def step_heatmap(step_map: torch.Tensor, grid: tuple[int, int], size: int = 192) -> np.ndarray:
@@ -187,6 +208,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
 
     from vgen.pipeline import list_models
     from vgen.samplers import list_samplers
+    from vgen.interfaces import fitting_samplers
     demo = demo or Demo()
     models = list_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]
@@ -199,7 +221,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     def fitting(name):
         from vgen.pipeline import read_card
         try:
-            return compatible_samplers(read_card(name))
+            return fitting_samplers(read_card(name))
         except VGenError:
             return samplers
 
@@ -215,11 +237,11 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
         return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None), \
             gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value)
 
-    def on_generate(model, folder, cls, seed, chosen, cfg_scale, top_k, temperature, window, init, delta,
-                    kv_compression="none", kv_budget=0.1, progress=gr.Progress()):
-        opts = dict(cfg_scale=cfg_scale, top_k=int(top_k) if top_k is not None else None, temperature=temperature,
-                    window=int(window) if window is not None else None, init=init, delta=delta,
-                    kv_compression=kv_compression, kv_budget=kv_budget)
+    fields = option_fields()
+
+    def on_generate(model, folder, cls, seed, chosen, *values, progress=gr.Progress()):
+        opts = {k: (int(v) if fields[k].type in ("int", int) and v is not None else v)
+                for k, v in zip(fields, values) if v not in (None, "")}
         try:
             results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress)
         except VGenError as e:
@@ -247,17 +269,8 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                 chosen = gr.CheckboxGroup(default_fits, value=[x for x in ("ar", "sjd") if x in default_fits]
                                           or default_fits[:1],
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
-                with gr.Accordion("options", open=False):
-                    cfg_scale = gr.Slider(0.0, 10.0, value=3.0, step=0.5, label="cfg_scale")
-                    top_k = gr.Number(100, label="top_k (0: off)", precision=0, minimum=0)
-                    temperature = gr.Slider(0.05, 2.0, value=1.0, step=0.05, label="temperature")
-                    window = gr.Slider(2, 16, value=4, step=1, label="window (speculative samplers)")
-                    init = gr.Dropdown(["random", "horizontal", "vertical", "sample"], value="vertical",
-                                       label="draft init (speculative samplers)")
-                    delta = gr.Slider(0.0, 0.5, value=0.1, step=0.05, label="delta (lantern)")
-                    kv_compression = gr.Dropdown(["none", "scalekv", "uniform"], value="none",
-                                                 label="KV compression (next-scale models)")
-                    kv_budget = gr.Slider(0.02, 1.0, value=0.1, step=0.02, label="KV budget (fraction kept)")
+                with gr.Accordion("options (blank: the model card's value)", open=False):
+                    widgets = [option_widget(f) for f in fields.values()]
                 button = gr.Button("Generate", variant="primary")
             with gr.Column(scale=2):
                 images = gr.Gallery(label="samples", columns=4, format="png", height="auto")
@@ -266,8 +279,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                                               "x baseline (passes)"], label="speed", interactive=False)
         model.change(on_model, [model, folder], [cls, folder, chosen], api_name=False)
         folder.submit(on_model, [model, folder], [cls, folder, chosen], api_name=False)
-        inputs = [model, folder, cls, seed, chosen, cfg_scale, top_k, temperature, window, init, delta,
-                  kv_compression, kv_budget]
+        inputs = [model, folder, cls, seed, chosen, *widgets]
         button.click(on_generate, inputs, [images, maps, table], api_name="race")
 
         # The scripted endpoint: class id, seed, sampler -> PNG file (model card settings).

@@ -51,6 +51,17 @@ def save_safetensors(state_dict: dict, path: str | os.PathLike, metadata: dict |
     atomic_write_bytes(path, save(tensors, metadata=metadata))
 
 
+def read_pngs(files) -> torch.Tensor:
+    """Image files of one size -> uint8 (N, 3, H, W)."""
+    import numpy as np
+    from PIL import Image
+    arrs = []
+    for f in files:
+        with Image.open(f) as im:
+            arrs.append(np.asarray(im.convert("RGB")))
+    return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).contiguous()
+
+
 def make_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> torch.Tensor:
     """uint8 (N, 3, H, W) -> one uint8 (3, H', W') grid with white padding."""
     n, c, h, w = images.shape

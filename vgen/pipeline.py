@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from vgen.errors import VGenError
+from vgen.interfaces import check_fits, plain_sampler
 
 ZOO_DIR = Path(__file__).parent / "zoo"
 
@@ -29,7 +30,14 @@ def list_models() -> list[str]:
 
 
 def resolve(name_or_path: str) -> Path:
-    """Zoo name or folder -> folder holding pipeline.json (clear error otherwise)."""
+    """Zoo name, folder, or Hugging Face Hub reference (``hf://owner/repo[/subfolder]``, resolved from the local HF
+    cache) -> folder holding pipeline.json (clear error otherwise)."""
+    from vgen import hub
+    if hub.is_hub_ref(name_or_path):
+        folder = hub.hub_folder(*hub.parse_hub_ref(name_or_path))
+        if (folder / "pipeline.json").exists():
+            return folder
+        raise VGenError(f"{name_or_path}: this Hugging Face Hub folder has no pipeline.json")
     p = Path(name_or_path).expanduser()
     if (p / "pipeline.json").exists():
         return p
@@ -48,58 +56,73 @@ def read_card(name_or_path: str) -> dict:
 
 
 def card_sampling_defaults(card: dict, sampler: str) -> dict:
-    """A card's recommended options, restricted to what ``sampler`` accepts (unknown sampler: clear error).
-    Options naming files (``*_calibration``) are resolved against the card's folder."""
-    from vgen.samplers import get_sampler
-    fields = {f.name for f in dataclasses.fields(get_sampler(sampler).Options)}
-    out = {k: v for k, v in (card.get("sampling") or {}).items() if k in fields}
+    """A card's recommended options, restricted to what ``sampler`` accepts, aliases resolved (e.g. an old card's
+    VAR ``cfg``). Options naming files (``*_calibration``) are resolved against the card's folder."""
+    from vgen.samplers import sampler_class
+    Options = sampler_class(sampler).Options
+    out = Options.normalize({k: v for k, v in (card.get("sampling") or {}).items() if k in Options.names()})
     for k, v in out.items():
         if k.endswith("_calibration") and isinstance(v, str) and "_folder" in card and not Path(v).is_absolute():
             out[k] = str(Path(card["_folder"]) / v)
     return out
 
 
-def check_generation(card: dict, sampler: str) -> None:
-    """A sampler only drives models of its generation order (next-token, next-scale, next-neighbour): say so before
-    loading weights."""
-    from vgen.samplers import get_sampler, list_samplers
-    kind = card.get("generation", "next-token")
-    s = get_sampler(sampler)
-    if s.generation != kind:
-        fits = [n for n in list_samplers() if get_sampler(n).generation == kind]
-        raise VGenError(f"sampler {sampler!r} does {s.generation} generation but this model ({card.get('name') or Path(card.get('_folder', '?')).name}) "
-                        f"is a {kind} model: use one of {', '.join(fits)}")
-
-
-def resolve_sampler(card: dict, sampler: str, vocab_size: int | None, **options):
-    """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, validated.
-    Needs only the card, so callers can check their input before any weights are loaded."""
-    from vgen.samplers import get_sampler
-    check_generation(card, sampler)
-    opts = {**card_sampling_defaults(card, sampler), **{k: v for k, v in options.items() if v is not None}}
-    s = get_sampler(sampler, **opts)
-    s.options.validate(vocab_size)
+def resolve_sampler(card: dict, sampler: str, **options):
+    """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, checked against
+    the card (order, vocabulary, classes). Needs only the card: callers check input before any weights load."""
+    from vgen.samplers import get_sampler, sampler_class
+    check_fits(sampler, card)
+    given = sampler_class(sampler).Options.normalize({k: v for k, v in options.items() if v is not None})
+    s = get_sampler(sampler, **{**card_sampling_defaults(card, sampler), **given})
+    s.validate(card)
     return s
 
 
 @dataclass
 class Generation:
-    images: torch.Tensor  # uint8 (N, 3, H, W)
-    tokens: torch.Tensor  # int64 (N, L)
+    """What ``Pipeline.generate`` returns. ``pixels``: uint8 images (N, 3, H, W) or videos (N, T, 3, H, W);
+    ``tokens``: codes (int64) or latents (float), (N, seq_len) in raster order."""
+    pixels: torch.Tensor
+    tokens: torch.Tensor
     labels: torch.Tensor  # (N,)
     seeds: list[int]
     stats: dict = field(default_factory=dict)
-    step_map: torch.Tensor | None = None  # (N, L): forward pass at which each token was decided (0 = prefill)
+    step_map: torch.Tensor | None = None  # (N, seq_len): forward pass at which each token was decided (0 = prefill)
+
+    @property
+    def images(self) -> torch.Tensor:
+        if self.pixels.dim() != 4:
+            raise VGenError("this generation holds videos (N, T, 3, H, W): use .videos")
+        return self.pixels
+
+    @property
+    def videos(self) -> torch.Tensor:
+        if self.pixels.dim() != 5:
+            raise VGenError("this generation holds images (N, 3, H, W): use .images")
+        return self.pixels
+
+    def save(self, folder, indices: list[int] | None = None) -> list[Path]:
+        """Write sample k as ``<folder>/<indices[k]:06d>.png`` (default indices 0..N-1), atomically."""
+        from vgen.io import save_png
+        if self.pixels.dim() != 4:
+            raise VGenError("saving videos arrives with the video issue: only images are written today")
+        indices = list(range(len(self.pixels))) if indices is None else list(indices)
+        paths = [Path(folder) / f"{i:06d}.png" for i in indices]
+        for path, img in zip(paths, self.pixels):
+            save_png(path, img)
+        return paths
 
 
 class Pipeline:
+    """A model, its tokenizer and the card (recommended settings, class names)."""
+
     def __init__(self, model, tokenizer, card: dict | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer.eval()
         self.card = card or {}
         if hasattr(model, "attach_tokenizer"):  # next-scale models build each scale's input with the tokenizer
             model.attach_tokenizer(tokenizer)
-        self.card.setdefault("generation", getattr(model, "generation", "next-token"))
+        self.card.setdefault("generation", str(model.order))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -122,12 +145,11 @@ class Pipeline:
     def device(self):
         return next(self.model.parameters()).device
 
-    def sampling_defaults(self, sampler: str) -> dict:
-        """The card's recommended options, restricted to what ``sampler`` accepts."""
-        return card_sampling_defaults(self.card, sampler)
-
-    def make_sampler(self, sampler: str = "ar", **options):
-        return resolve_sampler(self.card, sampler, self.model.vocab_size, **options)
+    def make_sampler(self, sampler: str | None = None, **options):
+        """The sampler ``generate`` would run (default: the model's plain one), card settings filled in."""
+        s = resolve_sampler(self.card, sampler or plain_sampler(self.model), **options)
+        s.validate(self.model)
+        return s
 
     def check_labels(self, labels) -> torch.Tensor:
         from vgen.samplers import as_cond
@@ -141,27 +163,25 @@ class Pipeline:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Tokens -> uint8 images, one sample at a time and (on CPU) on one thread, so the bytes depend neither
-        on the batch nor on the process's thread count (convolutions round differently with more threads,
-        enough to flip a pixel now and then; torchrun gives each process one thread)."""
+        """Flat tokens (N, seq_len) -> uint8 pixels, through the tokenizer on the model's token shape, one sample
+        at a time and (on CPU) on one thread, so the bytes depend neither on the batch nor on the process's thread
+        count (convolutions round differently with more threads; torchrun gives each process one thread)."""
         from vgen.data import to_uint8
-        grid = self.model.grid
+        shape = tuple(self.model.token_shape)
         threads = torch.get_num_threads()
         if self.device.type == "cpu":
             torch.set_num_threads(1)
         try:
-            return torch.cat([to_uint8(self.tokenizer.decode_codes(t[None], grid)) for t in tokens]).cpu()
+            return torch.cat([to_uint8(self.tokenizer.decode(t.view(1, *shape))) for t in tokens]).cpu()
         finally:
             torch.set_num_threads(threads)
 
     def generate(self, labels, sampler: str | None = None, seed: int = 0, batch_size: int | None = None,
                  progress: bool = False, seeds: list[int] | None = None, **options) -> Generation:
-        """Sample images for ``labels``; sample i uses seed ``seed + i`` (or ``seeds[i]``) whatever the
-        batching."""
+        """Sample for ``labels`` with ``sampler`` (default: the model's plain one); sample i uses seed
+        ``seed + i`` (or ``seeds[i]``) whatever the batching."""
         cond = self.check_labels(labels)
-        if sampler is None:  # the model's plain sampler: ar, var or nar
-            from vgen.samplers.base import baseline_for
-            sampler = baseline_for(self.card.get("generation", "next-token"))
+        sampler = sampler or plain_sampler(self.model)
         s = self.make_sampler(sampler, **options)
         n = cond.shape[0]
         if seeds is not None and len(seeds) != n:
@@ -174,11 +194,10 @@ class Pipeline:
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
-        images = self.decode(tokens)
+        pixels = self.decode(tokens)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        return Generation(images, tokens, cond.cpu(), seeds, stats,
-                          None if step_map is None else step_map.cpu())
+        return Generation(pixels, tokens, cond.cpu(), seeds, stats, None if step_map is None else step_map.cpu())
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -195,7 +214,8 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
     save_safetensors(model.state_dict(), folder / mfile, metadata={"config": json.dumps(model.config_dict())})
     save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
     card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
-            "generation": getattr(model, "generation", "next-token"), "num_classes": model.num_classes, "vocab_size": model.vocab_size,
+            "generation": str(model.order), "num_classes": model.num_classes,
+            "vocab_size": model.token_type.vocab_size, "token_shape": list(model.token_shape),
             "class_names": class_names or [str(i) for i in range(model.num_classes)],
             "sampling": sampling or {}, **(extra or {})}
     atomic_write_json(folder / "pipeline.json", card)

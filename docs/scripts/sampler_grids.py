@@ -45,7 +45,7 @@ def main():
     import matplotlib.pyplot as plt
     spec = [(t, g) for t, g in results if not t.startswith("ar")]
     fig, axes = plt.subplots(len(spec), args.n, figsize=(1.6 * args.n, 1.7 * len(spec)))
-    h, w = pipe.model.grid
+    h, w = pipe.model.token_shape
     for r, (tag, gen) in enumerate(spec):
         for c in range(args.n):
             ax = axes[r, c]

@@ -1,8 +1,9 @@
 """Hydra configs shipped in the package (``pkg://vgen.configs``) and their structured schemas.
 
-Every sampler's schema is derived from its ``Options`` dataclass (all fields optional: ``null`` means
-"the model card's recommendation, else the sampler default"), so a new sampler gets a validated config
-group entry without touching this file; its YAML file in ``configs/sampler/`` picks the schema.
+The ``sampler`` config group is generated from the sampler registry: one entry per sampler, its fields the
+sampler's ``Options`` (and their aliases), every one optional (``null`` means "the model card's recommendation,
+else the sampler default"). A new sampler therefore gets its validated ``sampler=<name>`` entry without touching
+this file, and the config cannot drift from the options dataclass. ``vgen sample sampler=sjd --cfg job`` shows one.
 """
 from __future__ import annotations
 
@@ -14,15 +15,33 @@ from hydra.core.config_store import ConfigStore
 
 
 def sampler_schema(sampler_cls) -> type:
+    """The ``sampler=<name>`` config node of a sampler class: ``name`` plus every option, all defaulting to None."""
     fields = [("name", str, dataclasses.field(default=sampler_cls.name))]
     for f in dataclasses.fields(sampler_cls.Options):
-        fields.append((f.name, Optional[f.type if not isinstance(f.type, str) else _resolve(f.type)],
-                       dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(f"{sampler_cls.__name__}Schema", fields)
+        fields.append((f.name, Optional[_resolve(f.type)], dataclasses.field(default=None)))
+    for alias in sampler_cls.Options.aliases:
+        fields.append((alias, Optional[Any], dataclasses.field(default=None)))
+    return dataclasses.make_dataclass(f"{sampler_cls.__name__}Config", fields)
 
 
-def _resolve(t: str):
+def _resolve(t):
+    if not isinstance(t, str):
+        return t
     return {"float": float, "int": int, "bool": bool, "str": str}.get(t, Any)
+
+
+def command_line() -> list[str]:
+    """The overrides the running Hydra app was given (empty outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # no Hydra app is running
+        return []
+
+
+def chosen_on_command_line(key: str) -> bool:
+    """Whether the command line chose config group ``key`` (e.g. ``sampler=...``)."""
+    return any(o.split("=")[0].lstrip("+~") == key for o in command_line())
 
 
 @dataclass
@@ -112,13 +131,9 @@ class TrainSchema:
 
 
 def register() -> None:
-    from vgen.samplers.base import _REGISTRY
-    from vgen.train.gpt import GPTTrainConfig
-    from vgen.train.msvq import MSVQTrainConfig
-    from vgen.train.nar import NARTrainConfig
-    from vgen.train.photo import PhotoTrainConfig
-    from vgen.train.var import VARTrainConfig
-    from vgen.train.vq import VQTrainConfig
+    from vgen.samplers import list_samplers, sampler_class
+    from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
+                                    VARTrainConfig, VQTrainConfig)
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
@@ -127,8 +142,8 @@ def register() -> None:
     cs.store(name="demo_schema", node=DemoSchema)
     cs.store(name="scalekv_schema", node=ScaleKVSchema)
     cs.store(group="vgen_schema", name="model", node=ModelSchema)
-    for name, cls in _REGISTRY.items():
-        cs.store(group="vgen_schema", name=f"sampler_{name}", node=sampler_schema(cls))
+    for name in list_samplers(include_hidden=True):
+        cs.store(group="sampler", name=name, node=sampler_schema(sampler_class(name)))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)
     cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)

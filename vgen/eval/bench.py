@@ -1,7 +1,9 @@
 """``vgen bench``: samplers x batch sizes on pipelines, interleaved, medians of repeated runs.
 
-Every cell is warmed up once (compilation is reported separately, not timed), then all cells are run
-``repeats`` times round-robin so machine noise hits them alike; ratios are taken within the run.
+Three steps: ``plan`` (validate every setting against every model card, before any weights load), ``run`` (every
+cell warmed up once, untimed; then all cells ``repeats`` times round-robin so machine noise hits them alike; the
+official LlamaGen loop is the hidden sampler ``llamagen-loop``, a cell like any other) and ``report`` (medians,
+ratios within the run, table, JSON, plot).
 """
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import platform
 import resource
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from vgen.errors import VGenError
+from vgen.stats import numeric
 
-BASELINE = "llamagen-loop"
+BASELINE = "llamagen-loop"  # the hidden sampler that re-enacts the official LlamaGen loop
 
 
 def _peak_rss_mb() -> float:
@@ -72,28 +76,38 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     return name.strip(), opts
 
 
-def _cells(models, variants, batch_sizes, baseline: bool, fits=None):
-    """(model, setting, batch) cells; ``fits(m, v)`` drops settings a model cannot run (a next-token sampler on
-    a next-scale model); the official LlamaGen loop only runs on next-token models."""
-    fits = fits or (lambda m, v: True)
-    for m in models:
-        for b in batch_sizes:
-            if baseline and fits(m, BASELINE):
-                yield (m, BASELINE, b)
-            for v in variants:
-                if fits(m, v):
-                    yield (m, v, b)
+@dataclass
+class Plan:
+    """What a bench run will do, checked before any weights load: the sampler settings per model, the cells
+    (model, setting, batch size) and the per-setting options."""
+    cfg: object
+    cards: dict            # model -> card
+    settings: dict         # setting string -> (sampler name, options given)
+    cells: list            # (model, setting, batch size)
+    options: dict          # options for every cell
+    fidelity_reference: str | None
+
+    def fits(self, model: str, setting: str) -> bool:
+        from vgen.interfaces import fitting_samplers
+        return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
+
+    def sampler_options(self, setting: str) -> tuple[str, dict]:
+        """The sampler and its options for a setting: every-cell options, ``compile`` where the sampler takes
+        it, then the setting's own."""
+        from vgen.samplers import sampler_class
+        name, own = self.settings[setting]
+        names = sampler_class(name).Options.names()
+        common = {k: v for k, v in {**self.options, "compile": self.cfg.compile}.items() if k in names}
+        return name, {**common, **own}
 
 
-def run_bench(cfg) -> dict:
-    from vgen.io import atomic_write_bytes, atomic_write_json
-    from vgen.pipeline import Pipeline, read_card, resolve_sampler
-
+def plan(cfg) -> Plan:
+    """Validate the bench config and every sampler setting against every model card (one-line errors)."""
+    from vgen.pipeline import read_card, resolve_sampler
     opts_all = OmegaConf.to_container(cfg.options, resolve=True) if cfg.options else {}
     variants = [str(v) for v in cfg.samplers]
     if len(set(variants)) != len(variants):
         raise VGenError(f"samplers lists a setting twice: {variants}")
-    parsed = {v: parse_variant(v) for v in variants}
     if cfg.repeats < 1:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
     if cfg.num_samples < 1:
@@ -110,105 +124,122 @@ def run_bench(cfg) -> dict:
     for b in cfg.batch_sizes:
         if b < 1:
             raise VGenError(f"batch sizes must be >= 1, got {b}")
-    cards = {m: read_card(m) for m in cfg.models}
-    from vgen.samplers import get_sampler
-
-    def fits(m, v):
-        kind = cards[m].get("generation", "next-token")
-        return kind == "next-token" if v == BASELINE else get_sampler(parsed[v][0]).generation == kind
-    for v, (name, o) in parsed.items():  # unknown samplers / options -> clear error before loading anything
-        ms = [m for m in cfg.models if fits(m, v)]
+    if cfg.get("fidelity_samples", 0) < 0:
+        raise VGenError(f"fidelity_samples must be >= 0, got {cfg.fidelity_samples}")
+    settings = {v: parse_variant(v) for v in variants}
+    if cfg.baseline:
+        settings = {BASELINE: (BASELINE, {}), **settings}
+    p = Plan(cfg, {m: read_card(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
+    if p.fidelity_reference is not None and str(p.fidelity_reference) not in variants:
+        raise VGenError(f"fidelity_reference {p.fidelity_reference!r} must be one of the sampler settings {variants}")
+    for v in variants:  # unknown samplers / options -> clear error before loading anything
+        ms = [m for m in cfg.models if p.fits(m, v)]
         if not ms:
             raise VGenError(f"sampler setting {v!r} fits none of the models {list(cfg.models)} (next-token samplers "
                             "drive GPT-like models, `var` next-scale models, `nar` next-neighbour models)")
+        name, o = p.sampler_options(v)
         for m in ms:
-            resolve_sampler(cards[m], name, cards[m].get("vocab_size"), **{**opts_all, **o})
-    fref = cfg.get("fidelity_reference")
-    if fref is not None and str(fref) not in parsed:
-        raise VGenError(f"fidelity_reference {fref!r} must be one of the sampler settings {variants}")
-    if cfg.get("fidelity_samples", 0) < 0:
-        raise VGenError(f"fidelity_samples must be >= 0, got {cfg.fidelity_samples}")
+            resolve_sampler(p.cards[m], name, **o)
+    p.cells = [(m, v, b) for m in cfg.models for b in cfg.batch_sizes for v in settings if p.fits(m, v)]
+    return p
+
+
+def run(p: Plan) -> tuple[dict, dict]:
+    """Time every cell: one untimed warm-up each (compilation), then ``repeats`` rounds over all cells, so machine
+    noise hits them alike. Returns (per-cell runs, per-cell memory and warm-up) and the quality columns."""
+    from tqdm.auto import tqdm
+
+    from vgen.pipeline import Pipeline
+    cfg = p.cfg
     pipes = {m: Pipeline.from_pretrained(m, device=cfg.device) for m in cfg.models}
-    out = Path(cfg.outdir)
-    cells = list(_cells(cfg.models, variants, list(cfg.batch_sizes), cfg.baseline, fits))
 
     def run_cell(m, v, b):
         """num_samples images (labels i % classes, seeds seed + i), at most b per forward pass (speculative
         samplers refill a finished sample's slot with the next one)."""
-        pipe = pipes[m]
-        n = cfg.num_samples
-        labels = [i % pipe.num_classes for i in range(n)]
-        if v == BASELINE:
-            from vgen.eval.reference_loop import llamagen_generate
-            from vgen.kernels import KVCache
-            o = {**pipe.sampling_defaults("ar"), **opts_all}
-            torch.manual_seed(cfg.seed)
-            t0 = time.perf_counter()
-            for i in range(0, n, b):
-                cond = torch.tensor(labels[i:i + b], device=pipe.device)
-                llamagen_generate(pipe.model, cond, cfg_scale=o.get("cfg_scale", 1.0),
-                                  cfg_interval=o.get("cfg_interval", -1), temperature=o.get("temperature", 1.0),
-                                  top_k=o.get("top_k", 0), top_p=o.get("top_p", 1.0))
-            sec = time.perf_counter() - t0
-            c, L = pipe.model.config, pipe.model.seq_len
-            rows = 2 * b if o.get("cfg_scale", 1.0) > 1.0 else b
-            max_len = c.cls_token_num + L + (-(c.cls_token_num + L)) % 8  # the official loop rounds up to 8
-            kv = KVCache.nbytes_for(c.n_layer, rows, c.n_kv_head or c.n_head, max_len, c.head_dim,
-                                    pipe.model.tok_embeddings.weight.dtype)
-            return {"seconds": sec, "forward_passes": L * -(-n // b), "tokens": n * L, "kv_cache_bytes": kv,
-                    "accepted_per_step": 1.0}
-        name, o = parsed[v]
-        sampler = pipe.make_sampler(name, **{**opts_all, "compile": cfg.compile, **o})
+        pipe, n = pipes[m], cfg.num_samples
+        name, o = p.sampler_options(v)
+        sampler = pipe.make_sampler(name, **o)
         codebook = pipe.tokenizer.codebook() if sampler.needs_codebook else None
-        cond = torch.tensor(labels, device=pipe.device)
+        cond = torch.tensor([i % pipe.num_classes for i in range(n)], device=pipe.device)
         t0 = time.perf_counter()
         _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b)
-        agg = {k: v for k, v in st.items() if isinstance(v, (int, float))}
-        agg["seconds"] = time.perf_counter() - t0
-        return agg
+        return {**numeric(st), "seconds": time.perf_counter() - t0}
 
-    results = {c: [] for c in cells}
-    warm, rss, cuda = {}, {}, {}
-    from tqdm.auto import tqdm
-    with tqdm(total=len(cells) * (cfg.repeats + 1), desc="bench", unit="run") as bar:
-        for c in cells:
-            t0 = time.perf_counter()
-            with RssPeak() as mem:
-                run_cell(*c)
-            warm[c] = time.perf_counter() - t0
-            rss[c], cuda[c] = mem.peak, mem.cuda_peak
-            bar.update(1)
-        for _ in range(cfg.repeats):
-            for c in cells:
-                with RssPeak() as mem:
-                    results[c].append(run_cell(*c))
-                rss[c] = max(rss[c], mem.peak)
-                if mem.cuda_peak is not None:
-                    cuda[c] = max(cuda[c], mem.cuda_peak)
+    runs = {c: [] for c in p.cells}
+    mem = {c: {} for c in p.cells}
+    with tqdm(total=len(p.cells) * (cfg.repeats + 1), desc="bench", unit="run") as bar:
+        for rep in range(cfg.repeats + 1):
+            for c in p.cells:
+                t0 = time.perf_counter()
+                with RssPeak() as peak:
+                    r = run_cell(*c)
+                if rep == 0:
+                    mem[c]["warmup_seconds"] = time.perf_counter() - t0
+                else:
+                    runs[c].append(r)
+                mem[c]["peak_rss_mb"] = max(mem[c].get("peak_rss_mb", 0.0), peak.peak)
+                if peak.cuda_peak is not None:
+                    mem[c]["peak_cuda_mb"] = max(mem[c].get("peak_cuda_mb", 0.0), peak.cuda_peak)
                 bar.update(1)
-    quality = _quality(cfg, pipes, parsed, opts_all, fits) if cfg.fid_samples else {}
-    if fref is not None and cfg.get("fidelity_samples", 0):
-        for key, val in _fidelity(cfg, pipes, parsed, opts_all, fits, str(fref)).items():
+    quality = {}
+    if cfg.fid_samples:
+        quality = _quality(p, pipes)
+    if p.fidelity_reference is not None and cfg.get("fidelity_samples", 0):
+        for key, val in _fidelity(p, pipes, str(p.fidelity_reference)).items():
             quality.setdefault(key, {}).update(val)
+    return {"runs": runs, "mem": mem}, quality
 
+
+def report(p: Plan, measured: dict, quality: dict) -> dict:
+    """Rows (medians and ratios within the run), the table, bench.json, bench.md and bench.png."""
+    from vgen.configs import command_line
+    from vgen.io import atomic_write_bytes, atomic_write_json
+    cfg = p.cfg
     rows = []
-    for (m, v, b), runs in results.items():
+    for (m, v, b), runs in measured["runs"].items():
         sec = statistics.median(r["seconds"] for r in runs)
         r0 = runs[0]
         row = {"model": m, "sampler": v, "batch_size": b, "num_samples": cfg.num_samples, "seconds": sec,
                "ms_per_token": 1e3 * sec / r0["tokens"], "ms_per_pass": 1e3 * sec / r0["forward_passes"],
-               "tokens_per_s": r0["tokens"] / sec,
-               "images_per_s": cfg.num_samples / sec, "forward_passes": r0["forward_passes"],
-               "accepted_per_step": r0.get("accepted_per_step", 1.0), "kv_cache_bytes": r0["kv_cache_bytes"],
-               "warmup_seconds": warm[(m, v, b)], "all_seconds": [r["seconds"] for r in runs],
-               "peak_rss_mb": rss[(m, v, b)]}
-        if cuda[(m, v, b)] is not None:
-            row["peak_cuda_mb"] = cuda[(m, v, b)]
-        row.update(quality.get((m, v), {}))
+               "tokens_per_s": r0["tokens"] / sec, "images_per_s": cfg.num_samples / sec,
+               "forward_passes": r0["forward_passes"], "accepted_per_step": r0.get("accepted_per_step", 1.0),
+               "kv_cache_bytes": r0["kv_cache_bytes"], "all_seconds": [r["seconds"] for r in runs],
+               **measured["mem"][(m, v, b)], **quality.get((m, v), {})}
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction"):
             if k in r0:
                 row[k] = r0[k]
         rows.append(row)
+    _ratios(rows, p)
+    rep = {
+        "command": "vgen bench " + " ".join(command_line()),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "peak_rss_mb": _peak_rss_mb(),
+        "sampling": {m: p.cards[m].get("sampling", {}) for m in cfg.models},
+        "rows": rows,
+    }
+    out = Path(cfg.outdir)
+    table = markdown_table(rows)
+    print(table)
+    atomic_write_json(out / "bench.json", rep)
+    atomic_write_bytes(out / "bench.md", (f"`{rep['command']}`\n\n" + table + "\n").encode())
+    plot = _plot(rows, out / "bench.png")
+    if plot:
+        print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {plot}")
+    return rep
+
+
+def run_bench(cfg) -> dict:
+    p = plan(cfg)
+    measured, quality = run(p)
+    return report(p, measured, quality)
+
+
+def _ratios(rows: list[dict], p: Plan) -> None:
+    """Ratios within the run: against the fidelity reference setting, the official loop and AR (of the same
+    model, or of the model the card compares it to: photos-nar against photos-gpt)."""
+    fref = p.fidelity_reference
     for r in rows:
         if fref is not None:
             base = next((x for x in rows if x["model"] == r["model"] and x["batch_size"] == r["batch_size"]
@@ -216,98 +247,68 @@ def run_bench(cfg) -> dict:
             if base is not None:
                 r["speedup_vs_ref"] = base["seconds"] / r["seconds"]
                 r["kv_vs_ref"] = r["kv_cache_bytes"] / base["kv_cache_bytes"]
-                if "peak_rss_mb" in base:
-                    r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
+                r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
         for ref in (BASELINE, "ar"):
-            # the same model's baseline, or (NAR, ...) that of the model its card compares it to (photos-gpt)
-            for m in (r["model"], cards[r["model"]].get("compare_to")):
+            for m in (r["model"], p.cards[r["model"]].get("compare_to")):
                 base = next((x for x in rows if x["model"] == m and x["batch_size"] == r["batch_size"]
                              and x["sampler"] == ref), None)
                 if base is not None:
                     break
-            if base is not None:
-                r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
-                if ref == "ar":
-                    r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
-                    # drift only within one model: another model's nll is a different distribution
-                    if "nll" in r and "nll" in base and base["model"] == r["model"]:
-                        r["nll_excess"] = r["nll"] - base["nll"]
-                    if "fid_photo" in r and "fid_photo" in base:
-                        r["fid_photo_vs_ar"] = r["fid_photo"] / base["fid_photo"]
-    report = {
-        "command": "vgen bench " + " ".join(_overrides()),
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__},
-        "peak_rss_mb": _peak_rss_mb(),
-        "sampling": {m: cards[m].get("sampling", {}) for m in cfg.models},
-        "rows": rows,
-    }
-    table = markdown_table(rows)
-    print(table)
-    atomic_write_json(out / "bench.json", report)
-    atomic_write_bytes(out / "bench.md", (f"`{report['command']}`\n\n" + table + "\n").encode())
-    plot = _plot(rows, out / "bench.png")
-    if plot:
-        print(f"wrote {out / 'bench.json'}, {out / 'bench.md'} and {plot}")
-    return report
+            if base is None:
+                continue
+            r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
+            if ref == "ar":
+                r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
+                # drift only within one model: another model's nll is a different distribution
+                if "nll" in r and "nll" in base and base["model"] == r["model"]:
+                    r["nll_excess"] = r["nll"] - base["nll"]
+                if "fid_photo" in r and "fid_photo" in base:
+                    r["fid_photo_vs_ar"] = r["fid_photo"] / base["fid_photo"]
 
 
-def _fidelity(cfg, pipes, parsed, opts_all, fits, ref: str) -> dict:
-    """Closeness of every setting to the reference setting (e.g. the full KV cache) on the same labels and
-    seeds: mean PSNR of the images against the reference images, and FID-photo with the reference images as
-    the reference set. Not timed."""
+def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int) -> torch.Tensor:
+    """The images of ``n`` samples of a setting (labels i % classes, seeds seed + i): not timed. Samples do not
+    depend on the batch size, so one set serves every batch size."""
+    pipe = pipes[model]
+    name, o = p.sampler_options(setting)
+    return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
+                         batch_size=max(p.cfg.batch_sizes), **o).images
+
+
+def _quality(p: Plan, pipes: dict) -> dict:
+    """FID-photo (and KID) of ``fid_samples`` images per model and setting against ``fid_reference``."""
     from tqdm.auto import tqdm
 
     import vgen.eval as ev
-    from vgen.train.vq import psnr
+    n = p.cfg.fid_samples
     out = {}
-    n = cfg.fidelity_samples
-    for m, pipe in pipes.items():
-        if not fits(m, ref):
-            continue
-        labels = [i % pipe.num_classes for i in range(n)]
-
-        def images(v):
-            name, o = parsed[v]
-            return pipe.generate(labels, sampler=name, seed=cfg.seed, batch_size=max(cfg.batch_sizes),
-                                 **{**opts_all, "compile": cfg.compile, **o}).images
-        base = images(ref)
-        for v in tqdm([v for v in parsed if fits(m, v)], desc=f"fidelity to {ref}", unit="setting"):
-            imgs = base if v == ref else images(v)
-            r = ev.fid(imgs, base, isc=False, kid_subset_size=min(n, 100)) if v != ref else {"fid": 0.0}
-            out[(m, v)] = {"psnr_vs_ref": psnr(imgs, base) if v != ref else float("inf"),
-                           "fid_vs_ref": r["fid"], "fidelity_samples": n}
-    return out
-
-
-def _quality(cfg, pipes, parsed, opts_all, fits=None) -> dict:
-    """FID-photo (and KID) of ``fid_samples`` images per model and sampler setting against photos-test.
-    Samples do not depend on the batch size (sample i uses seed seed + i in any batch), so one set per
-    setting serves every batch size. Not timed."""
-    from tqdm.auto import tqdm
-
-    import vgen.eval as ev
-    out = {}
-    todo = [(m, v) for m in pipes for v in parsed if fits is None or fits(m, v)]
+    todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)]
     for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
-        pipe = pipes[m]
-        name, o = parsed[v]
-        n = cfg.fid_samples
-        labels = [i % pipe.num_classes for i in range(n)]
-        gen = pipe.generate(labels, sampler=name, seed=cfg.seed, batch_size=max(cfg.batch_sizes),
-                            **{**opts_all, "compile": cfg.compile, **o})
-        r = ev.fid(gen.images, cfg.fid_reference, isc=False, kid_subset_size=min(n, 100))
+        r = ev.fid(generate_images(p, pipes, m, v, n), p.cfg.fid_reference, isc=False, kid_subset_size=min(n, 100))
         out[(m, v)] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
     return out
 
 
-def _overrides() -> list[str]:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return list(HydraConfig.get().overrides.task)
-    except Exception:
-        return []
+def _fidelity(p: Plan, pipes: dict, ref: str) -> dict:
+    """Closeness of every setting to the reference setting (e.g. the full KV cache) on the same labels and
+    seeds: mean PSNR against the reference images, and FID-photo with them as the reference set."""
+    from tqdm.auto import tqdm
+
+    import vgen.eval as ev
+    from vgen.eval.psnr import psnr
+    n = p.cfg.fidelity_samples
+    out = {}
+    for m in pipes:
+        if not p.fits(m, ref):
+            continue
+        base = generate_images(p, pipes, m, ref, n)
+        out[(m, ref)] = {"psnr_vs_ref": float("inf"), "fid_vs_ref": 0.0, "fidelity_samples": n}
+        for v in tqdm([v for v in p.settings if v not in (ref, BASELINE) and p.fits(m, v)],
+                      desc=f"fidelity to {ref}", unit="setting"):
+            imgs = generate_images(p, pipes, m, v, n)
+            r = ev.fid(imgs, base, isc=False, kid_subset_size=min(n, 100))
+            out[(m, v)] = {"psnr_vs_ref": psnr(imgs, base), "fid_vs_ref": r["fid"], "fidelity_samples": n}
+    return out
 
 
 def markdown_table(rows: list[dict]) -> str:

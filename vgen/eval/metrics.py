@@ -80,15 +80,16 @@ def _registered(name: str) -> torch.Tensor:
 
 def _read_files(files: list[Path], what: str) -> torch.Tensor:
     from PIL import Image
-    arrs = []
+
+    from vgen.io import read_pngs
+    sizes = set()
     for f in files:
         with Image.open(f) as im:
-            arrs.append(np.asarray(im.convert("RGB")))
-    shapes = {a.shape for a in arrs}
-    if len(shapes) > 1:
-        raise VGenError(f"{what}: images in {files[0].parent} differ in size ({sorted(shapes)[:3]}...): "
+            sizes.add(im.size)
+    if len(sizes) > 1:
+        raise VGenError(f"{what}: images in {files[0].parent} differ in size ({sorted(sizes)[:3]}...): "
                         "resize them to one size first")
-    return torch.from_numpy(np.stack(arrs)).permute(0, 3, 1, 2).contiguous()
+    return read_pngs(files)
 
 
 def _from_array(x, what: str, nhwc: bool) -> torch.Tensor:

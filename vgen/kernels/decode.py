@@ -10,12 +10,17 @@ import torch
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
-def token_step(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg: bool, cfg_scale: float,
+def token_step(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg, cfg_scale: float,
                temperature: float, top_k: int, top_p: float):
     """Logits (B or 2B, ..., V) with uniforms u (B, ...) -> (tokens (B, ...), log-prob of each under the target):
-    one position per sample (AR) or several at once (NAR's anti-diagonal)."""
+    one position per sample (AR) or several at once (NAR's anti-diagonal). ``apply_cfg``: a bool for every
+    position, or a bool tensor over the positions (guidance per token, as ``cfg_interval`` decides)."""
     if cfg:
-        logits = guide(logits, cfg_scale) if apply_cfg else logits[: logits.shape[0] // 2]
+        cond = logits[: logits.shape[0] // 2]
+        if isinstance(apply_cfg, torch.Tensor):
+            logits = torch.where(apply_cfg[..., None], guide(logits, cfg_scale), cond)
+        else:
+            logits = guide(logits, cfg_scale) if apply_cfg else cond
     probs = filter_probs(logits, temperature, top_k, top_p)
     tok = sample_from_probs(probs, u)
     return tok, probs.gather(-1, tok[..., None]).squeeze(-1).clamp_min(1e-30).log()
@@ -39,15 +44,9 @@ COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
 def compiled(fn, dynamic: bool = False):
     """A process-wide compiled version of a step function (compiled once per model and settings; dynamo's
     guards recompile for another model or other shapes). ``dynamic=True`` compiles one shape-generic graph,
-    for steps whose token count changes every call (NAR's anti-diagonals). Because weights are frozen into
-    the graph, call ``reset_compiled()`` after changing a model's weights in place."""
+    for steps whose token count changes every call (NAR's anti-diagonals). Weights are frozen into the graph:
+    after changing a model's weights in place, call ``compiled.cache_clear()`` and ``torch._dynamo.reset()``."""
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(fn, dynamic=dynamic, options=COMPILE_OPTIONS)
 
-
-def reset_compiled() -> None:
-    """Forget every compiled step (e.g. after training the model further in this process)."""
-    import torch._dynamo
-    compiled.cache_clear()
-    torch._dynamo.reset()

@@ -50,6 +50,3 @@ class KVCache:
         m = self.slots <= input_pos[..., None]
         return m[None, None] if input_pos.dim() == 1 else m[:, None]
 
-    def reset(self) -> None:
-        for t in self.k + self.v:
-            t.zero_()

@@ -39,19 +39,16 @@ class StagedKVCache:
         self.store_last = store_last  # keep the final stage's keys (nothing reads them; off saves memory)
         self.peak_bytes = 0
         self.kept_bytes_per_stage: list[int] = []
-        self.kept_tokens_per_stage: list[list[int]] = []  # [stage][layer] tokens kept (per head)
         self._stage_bytes = 0
-        self._kept: list[int] = []
 
     def begin_stage(self, stage: int, hw: tuple[int, int], last: bool = False) -> None:
         self.stage, self.hw, self.last = stage, tuple(hw), last
         self.full_len += hw[0] * hw[1]
-        self._stage_bytes, self._kept = 0, []
+        self._stage_bytes = 0
 
     def end_stage(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self._stage_bytes)
         self.kept_bytes_per_stage.append(self.nbytes)
-        self.kept_tokens_per_stage.append(self._kept)
 
     @property
     def nbytes(self) -> int:
@@ -66,9 +63,7 @@ class StagedKVCache:
         out = F.scaled_dot_product_attention(q, k, v, scale=scale)
         if self.last and not self.store_last:
             self.k[layer] = self.v[layer] = None
-            self._kept.append(0)
         else:
             self.k[layer], self.v[layer] = self.policy.keep(layer, self.stage, self.hw, q, k, v, scale,
                                                                 self.full_len)
-            self._kept.append(self.k[layer].shape[2])
         return out

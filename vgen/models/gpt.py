@@ -20,8 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vgen.interfaces import Order, TokenType
 from vgen.kernels.kv_cache import KVCache
 from vgen.kernels.linear import Linear
+from vgen.models.loading import GPT_PRESETS, count_indexed, register_kind
 
 
 def find_multiple(n: int, k: int) -> int:
@@ -194,8 +196,8 @@ class CaptionEmbedder(nn.Module):
 
 
 class GPT(nn.Module):
-    family = "llamagen-gpt"
-    generation = "next-token"
+    """A :class:`vgen.interfaces.NextTokenModel`."""
+    order = Order.NEXT_TOKEN
 
     def __init__(self, config: GPTConfig | None = None, **kwargs):
         super().__init__()
@@ -243,9 +245,14 @@ class GPT(nn.Module):
         return self.config.cls_token_num
 
     @property
-    def grid(self) -> tuple[int, int]:
+    def token_shape(self) -> tuple[int, int]:
+        """The (h, w) token grid (square: LlamaGen's 2D RoPE)."""
         g = int(round(self.config.block_size ** 0.5))
         return (g, g)
+
+    @property
+    def token_type(self) -> TokenType:
+        return TokenType.codes(self.config.vocab_size)
 
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
         """The unconditional counterpart of ``cond`` for classifier-free guidance."""
@@ -274,19 +281,17 @@ class GPT(nn.Module):
     def head(self, h):
         return self.output(self.norm(h)).float()
 
-    def prefill(self, cond: torch.Tensor, cache: KVCache, return_hidden: bool = False):
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the condition through the model, fill the cache; logits (B, V) for image token 0."""
         h = self.embed_cond(cond)
         pos = torch.arange(h.shape[1], device=h.device)
-        h = self.run_layers(h, pos, cache)[:, -1]
-        return (self.head(h), h) if return_hidden else self.head(h)
+        return self.head(self.run_layers(h, pos, cache)[:, -1])
 
     def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
-               attn_mask: torch.Tensor | None = None, return_hidden: bool = False):
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Feed image tokens (B, S) at sequence positions ``input_pos`` ((S,) or (B, S); image token i is at
         cls_token_num + i). ``logits[:, j]`` is the next-token distribution after ``tokens[:, j]``."""
-        h = self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask)
-        return (self.head(h), h) if return_hidden else self.head(h)
+        return self.head(self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask))
 
     def forward(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
         """Teacher forcing: tokens (B, L) -> logits (B, L, V), ``logits[:, i]`` predicts ``tokens[:, i]``."""
@@ -299,3 +304,53 @@ class GPT(nn.Module):
 
     def config_dict(self) -> dict:
         return asdict(self.config)
+
+
+_HEAD_DIM_GUESS = {d: n_head for (_, n_head, d) in GPT_PRESETS.values()}
+
+
+def infer_gpt(sd: dict) -> dict:
+    cfg: dict = {}
+    if "tok_embeddings.weight" in sd:
+        cfg["vocab_size"], cfg["dim"] = sd["tok_embeddings.weight"].shape
+    cfg["n_layer"] = count_indexed(sd, "layers")
+    dim = cfg.get("dim")
+    if dim is not None:
+        n_head = _HEAD_DIM_GUESS.get(dim)  # n_head is invisible in the shapes: known for the presets only
+        if n_head is not None:
+            cfg["n_head"] = n_head
+        wqkv = sd.get("layers.0.attention.wqkv.weight")
+        if wqkv is not None and n_head is not None:
+            head_dim = dim // n_head
+            n_kv = (wqkv.shape[0] // head_dim - n_head) // 2
+            if n_kv != n_head:
+                cfg["n_kv_head"] = n_kv
+        w1 = sd.get("layers.0.feed_forward.w1.weight")
+        if w1 is not None and w1.shape[0] != find_multiple(int(8 * dim / 3), 256):
+            cfg["ffn_dim_multiplier"] = w1.shape[0] / int(8 * dim / 3)
+            cfg["multiple_of"] = 1
+    if "cls_embedding.embedding_table.weight" in sd:
+        cfg["model_type"] = "c2i"
+        rows = sd["cls_embedding.embedding_table.weight"].shape[0]
+        cfg["num_classes"] = rows - 1  # released models keep a null-class row for CFG
+        cfg["cls_token_num"] = 1
+    elif "cls_embedding.cap_proj.fc1.weight" in sd:
+        cfg["model_type"] = "t2i"
+        cfg["caption_dim"] = sd["cls_embedding.cap_proj.fc1.weight"].shape[1]
+        if "cls_embedding.uncond_embedding" in sd:
+            cfg["cls_token_num"] = sd["cls_embedding.uncond_embedding"].shape[0]
+    if "freqs_cis" in sd:  # some released files still carry the RoPE table: it fixes the grid size
+        cfg["block_size"] = sd["freqs_cis"].shape[0] - cfg.get("cls_token_num", 1)
+    return cfg
+
+
+def is_gpt(sd):
+    return "tok_embeddings.weight" in sd and "medusa_output.weight" not in sd
+
+
+def gpt_preset(cfg: dict) -> str | None:
+    return next((name for name, (n_layer, _, dim) in GPT_PRESETS.items()
+                 if cfg.get("dim") == dim and cfg.get("n_layer") == n_layer), None)
+
+
+register_kind("gpt", GPT, GPTConfig, infer_gpt, is_gpt, "LlamaGen GPT", preset=gpt_preset, required=("n_head",))

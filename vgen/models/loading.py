@@ -13,7 +13,8 @@ import torch
 
 from vgen.errors import VGenError
 
-# kind -> (builder(config_dict) -> nn.Module, config dataclass, infer(state_dict) -> dict, family signature)
+# kind -> builder, config dataclass, infer(state_dict) -> dict, signature(state_dict) -> bool, description, and the
+# optional hooks preset(cfg) -> name, finalize(cfg, inferred, given) -> cfg, required (config fields shapes cannot give)
 _KINDS: dict[str, dict] = {}
 
 GPT_PRESETS = {  # LlamaGen: n_layer, n_head, dim
@@ -26,9 +27,15 @@ _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 
 def register_kind(name: str, builder: Callable, config_cls, infer: Callable, signature: Callable[[dict], bool],
-                  description: str):
+                  description: str, *, preset: Callable[[dict], str | None] | None = None,
+                  finalize: Callable[[dict, dict, dict], dict] | None = None, required: tuple[str, ...] = ()):
+    """Make a model or tokenizer kind loadable by name; called where the kind is defined (timm's
+    ``register_model`` pattern). ``builder(config)`` builds it from its ``config_cls``; ``infer(state_dict)`` reads
+    what config it can from tensor shapes; ``signature(state_dict)`` recognises its checkpoints; ``preset(cfg)`` names
+    the released size a config matches; ``finalize(cfg, inferred, given)`` adjusts the merged config;
+    ``required`` lists fields that must come from the caller or the file's metadata when the shapes cannot say."""
     _KINDS[name] = dict(builder=builder, config_cls=config_cls, infer=infer, signature=signature,
-                        description=description)
+                        description=description, preset=preset, finalize=finalize, required=required)
 
 
 def list_kinds() -> list[str]:
@@ -98,14 +105,19 @@ def detect_kind(sd: dict) -> str | None:
     return None
 
 
-def load_official(kind: str, src, *, strict: bool = True, device="cpu", dtype=None, **config):
+def load_official(kind: str, src, *, filename: str | None = None, revision: str | None = None, strict: bool = True,
+                  device="cpu", dtype=None, **config):
     """Load an official (or vgen zoo) checkpoint into a vgen model.
 
     ``src``: a path (.safetensors, or .pt/.pth/.bin read with ``torch.load(weights_only=True)``) or a state
     dict, in any official layout (``model``/``module``/``state_dict`` wrappers or raw; a stray
-    ``freqs_cis`` is dropped). Config: explicit keyword arguments, then the file's metadata, then what
-    the tensor shapes imply."""
+    ``freqs_cis`` is dropped), or a Hugging Face Hub file read through the local HF cache (``vgen.hub``):
+    ``"hf://owner/repo/file.pt"``, or ``"owner/repo"`` with ``filename=`` (a local path of that name wins);
+    ``revision=``: a branch, tag or commit. Config: explicit keyword arguments, then the file's metadata, then
+    what the tensor shapes imply."""
     k = _kind(kind)
+    from vgen.hub import resolve_checkpoint
+    src = resolve_checkpoint(src, filename=filename, revision=revision)
     sd, meta = read_checkpoint(src)
     inferred = k["infer"](sd)
     sd = {key: v for key, v in sd.items() if key != "freqs_cis"}
@@ -120,12 +132,12 @@ def load_official(kind: str, src, *, strict: bool = True, device="cpu", dtype=No
     if unknown:
         raise VGenError(f"unknown config field(s) {unknown} for {kind!r}; valid fields: {sorted(fields)}")
     cfg = {**inferred, **{a: b for a, b in meta.items() if a in fields}, **config}
-    if kind == "nar" and "n_layer" not in config and "n_layer" not in meta and inferred.get("n_layer"):
-        # the shapes give n_layer + medusa_attention_num blocks in all; split them as asked
-        cfg["n_layer"] = inferred["n_layer"] + inferred["medusa_attention_num"] - cfg["medusa_attention_num"]
-    if kind in ("gpt", "nar") and "n_head" not in cfg:
-        raise VGenError(f"n_head cannot be read from the weights of a non-preset model (dim={cfg.get('dim')}): "
-                        "pass it, e.g. load_official(kind, path, n_head=...)")
+    if k["finalize"] is not None:
+        cfg = k["finalize"](cfg, inferred, {**{a: b for a, b in meta.items() if a in fields}, **config})
+    for f in k["required"]:
+        if f not in cfg:
+            raise VGenError(f"{f} cannot be read from the weights of a non-preset {kind!r} model: pass it, e.g. "
+                            f"load_official({kind!r}, path, {f}=...)")
     model = k["builder"](k["config_cls"](**cfg))
     check_state_dict(model, sd, kind, cfg, inferred, strict)
     model.load_state_dict(sd, strict=strict)
@@ -161,17 +173,8 @@ def check_state_dict(model, sd: dict, kind: str, cfg: dict, inferred: dict, stri
 
 
 def preset_name(kind: str, cfg: dict) -> str | None:
-    if kind in ("gpt", "nar"):
-        for name, (n_layer, n_head, dim) in GPT_PRESETS.items():
-            if cfg.get("dim") == dim and cfg.get("n_layer") == n_layer:
-                return name
-    if kind == "var" and cfg.get("depth") and cfg.get("embed_dim") == 64 * cfg["depth"]:
-        return f"VAR-d{cfg['depth']}"
-    if kind == "vq":
-        for name, mult in VQ_PRESETS.items():
-            if cfg.get("encoder_ch_mult") == mult:
-                return name
-    return None
+    p = _kind(kind)["preset"]
+    return p(cfg) if p is not None else None
 
 
 def _brief(cfg: dict) -> str:

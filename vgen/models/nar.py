@@ -29,10 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from vgen.interfaces import Order
 from vgen.kernels.kv_cache import KVCache
 from vgen.kernels.linear import Linear
 from vgen.kernels.proximity import average_heads, grid_sources, proximity_mask
-from vgen.models.gpt import GPT, GPTConfig, RMSNorm, TransformerBlock
+from vgen.models.gpt import GPT, GPTConfig, RMSNorm, TransformerBlock, gpt_preset, infer_gpt
+from vgen.models.loading import register_kind
 
 
 @dataclass
@@ -42,8 +44,8 @@ class NARConfig(GPTConfig):
 
 
 class NAR(GPT):
-    family = "nar"
-    generation = "next-neighbour"
+    """A :class:`vgen.interfaces.NextNeighbourModel`."""
+    order = Order.NEXT_NEIGHBOUR
     # (offset it predicts, norm attribute, output attribute); the block each reads after: head_blocks()
     heads = (((0, 1), "norm", "output"),                 # right head, after the base layers
              ((1, 0), "medusa_norm", "medusa_output"))   # down head, after the extra blocks
@@ -61,10 +63,6 @@ class NAR(GPT):
         for m in [*extra, self.medusa_output]:
             m.apply(self._init_weights)
         self.register_buffer("prox_mask", proximity_mask(self.token_shape, cfg.cls_token_num), persistent=False)
-
-    @property
-    def token_shape(self) -> tuple[int, ...]:
-        return tuple(self.grid)
 
     @property
     def neighbour_offsets(self) -> tuple[tuple[int, ...], ...]:
@@ -103,10 +101,8 @@ class NAR(GPT):
                      for (_, norm, out), b in zip(self.heads, blocks))
 
     # ---- sampler interface ----------------------------------------------------------------------------
-    def prefill(self, cond: torch.Tensor, cache: KVCache, return_hidden: bool = False):
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Run the condition, fill the cache; logits (B, V) for the first token: the mean of all heads."""
-        if return_hidden:
-            raise NotImplementedError("NAR has two heads on two hidden states; use decode_neighbours")
         h = self.embed_cond(cond)
         pos = torch.arange(h.shape[1], device=h.device)
         heads = self.run_heads(h, pos, cache)
@@ -140,3 +136,28 @@ class NAR(GPT):
         h = self.tok_dropout(torch.cat([c, self.tok_embeddings(tokens)], dim=1))
         pos = torch.arange(h.shape[1], device=h.device)
         return self.combine(*self.run_heads(h, pos, None, attn_mask))
+
+
+def infer_nar(sd: dict) -> dict:
+    """As the GPT, but the blocks are n_layer + medusa_attention_num: the split is invisible in the shapes,
+    so the official default of one extra block is assumed (pass medusa_attention_num to change it)."""
+    cfg = infer_gpt(sd)
+    if cfg.get("n_layer"):
+        cfg["n_layer"] -= 1
+        cfg["medusa_attention_num"] = 1
+    return cfg
+
+
+def is_nar(sd):
+    return "tok_embeddings.weight" in sd and "medusa_output.weight" in sd
+
+
+def split_blocks(cfg: dict, inferred: dict, given: dict) -> dict:
+    """The shapes give n_layer + medusa_attention_num blocks in all: split them as asked."""
+    if "n_layer" not in given and inferred.get("n_layer"):
+        cfg["n_layer"] = inferred["n_layer"] + inferred["medusa_attention_num"] - cfg["medusa_attention_num"]
+    return cfg
+
+
+register_kind("nar", NAR, NARConfig, infer_nar, is_nar, "NAR (LlamaGen GPT with next-neighbour heads)",
+              preset=gpt_preset, required=("n_head",), finalize=split_blocks)

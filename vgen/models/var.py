@@ -8,7 +8,7 @@ absolute embeddings plus a level embedding.
 
 The next-scale model interface (what ``vgen.samplers.var`` drives, family-agnostic):
 
-* ``patch_nums``, ``vocab_size``, ``num_classes``, ``seq_len`` (tokens of all scales), ``grid`` (last scale)
+* ``patch_nums``, ``vocab_size``, ``num_classes``, ``seq_len`` and ``token_shape`` (tokens of all scales)
 * ``null_cond(cond)``, ``new_cache(batch_size, policy=None)``
 * ``scale_logits(si, cond, x, cache) -> (B, pn*pn, V)``: scale ``si`` from the cache and this scale's input
   ``x`` (None for the first scale; else the tokenizer's (B, pn*pn, Cvae) next-scale input)
@@ -25,7 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vgen.errors import VGenError
+from vgen.interfaces import Order, TokenType
 from vgen.kernels.staged_cache import CachePolicy, StagedKVCache
+from vgen.models.loading import count_indexed, register_kind
 
 
 @dataclass
@@ -145,8 +147,8 @@ class _SharedAdaLin(nn.Linear):
 
 
 class VAR(nn.Module):
-    family = "var"
-    generation = "next-scale"
+    """A :class:`vgen.interfaces.NextScaleModel`."""
+    order = Order.NEXT_SCALE
 
     def __init__(self, config: VARConfig | None = None, **kwargs):
         super().__init__()
@@ -194,12 +196,13 @@ class VAR(nn.Module):
         return self.L
 
     @property
-    def cond_len(self) -> int:
-        return 0
+    def token_shape(self) -> tuple[int]:
+        """The flat pyramid of every scale's tokens, coarse to fine, as the multi-scale VQVAE reads it."""
+        return (self.L,)
 
     @property
-    def grid(self) -> tuple[int, int]:
-        return (self.config.patch_nums[-1],) * 2
+    def token_type(self) -> TokenType:
+        return TokenType.codes(self.config.vocab_size)
 
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
         return torch.full_like(cond, self.config.num_classes)
@@ -298,3 +301,41 @@ class VAR(nn.Module):
 
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)
+
+
+def infer_var(sd: dict) -> dict:
+    cfg: dict = {}
+    if "head.weight" in sd:
+        cfg["vocab_size"], cfg["embed_dim"] = sd["head.weight"].shape
+    if "word_embed.weight" in sd:
+        cfg["Cvae"] = sd["word_embed.weight"].shape[1]
+    cfg["depth"] = count_indexed(sd, "blocks")
+    scale_mul = sd.get("blocks.0.attn.scale_mul_1H11")
+    cfg["attn_l2_norm"] = scale_mul is not None
+    if scale_mul is not None:
+        cfg["num_heads"] = scale_mul.shape[1]
+    elif cfg["depth"]:
+        cfg["num_heads"] = cfg["depth"]  # official builds use heads = depth
+    if "class_emb.weight" in sd:
+        cfg["num_classes"] = sd["class_emb.weight"].shape[0] - 1
+    if "lvl_1L" in sd:  # the level of every token: its counts give the scale schedule
+        counts = torch.bincount(sd["lvl_1L"].flatten().long()).tolist()
+        cfg["patch_nums"] = [round(c ** 0.5) for c in counts]
+    cfg["shared_aln"] = "shared_ada_lin.1.weight" in sd
+    fc1 = sd.get("blocks.0.ffn.fc1.weight")
+    if fc1 is not None and "embed_dim" in cfg:
+        cfg["mlp_ratio"] = fc1.shape[0] / cfg["embed_dim"]
+    return cfg
+
+
+def is_var(sd):
+    return "lvl_1L" in sd or ("blocks.0.attn.mat_qkv.weight" in sd and "head_nm.ada_lin.1.weight" in sd)
+
+
+def var_preset(cfg: dict) -> str | None:
+    if cfg.get("depth") and cfg.get("embed_dim") == 64 * cfg["depth"]:
+        return f"VAR-d{cfg['depth']}"
+    return None
+
+
+register_kind("var", VAR, VARConfig, infer_var, is_var, "VAR next-scale transformer", preset=var_preset)

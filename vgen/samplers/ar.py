@@ -16,6 +16,7 @@ from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
 class ARSampler(Sampler):
     name = "ar"
     Options = SamplingOptions
+    plain = True
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
         o = self.options

@@ -1,99 +1,149 @@
-"""The sampler interface and registry.
+"""The sampler interface, its options and the registry.
 
-A sampler drives any model with the small interface below and never knows its family:
+A sampler drives one generation order (:class:`vgen.interfaces.Order`) through that order's Protocol in
+:mod:`vgen.interfaces` and never knows the model's family. Its options are a dataclass (``Options``): every field
+carries its help text (and, where it has them, its choices), which is what the Hydra schema, the CLI and the demo
+are built from. Options mean one thing everywhere: ``cfg_scale`` (1 = off) and ``top_p`` (1 = off) for every
+token sampler, ``top_k`` 0 = off, ``temperature`` > 0 (0 is read as 1e-5: nearly greedy).
 
-* ``vocab_size``, ``num_classes``, ``seq_len`` (image tokens), ``cond_len`` (condition positions),
-  ``grid`` (h, w)
-* ``null_cond(cond)``, ``new_cache(batch_size)``
-* ``prefill(cond, cache) -> logits (B, V)``, ``decode(tokens, input_pos, cache, attn_mask=None) -> (B, S, V)``
+``sampler(model, cond, seeds, progress=False, codebook=None, batch_size=None) -> (tokens, stats)``: tokens
+(N, seq_len) flat in raster order; ``stats`` (schema: :mod:`vgen.stats`) holds numbers and ``step_map``, an
+(N, seq_len) tensor with the forward pass (0 = prefill) that decided each token. Sample i depends only on
+``cond[i]`` and ``seeds[i]``, never on the batching.
 
-Samplers that relax acceptance by token similarity (GSD, LANTERN) also take the tokenizer's ``codebook``
-(V, d); the model itself stays unaware of the tokenizer.
-
-A sampler returns ``(tokens (B, seq_len), stats)``: ``stats`` holds numbers (forward_passes, tokens, seconds,
-kv_cache_bytes, nll, accepted_per_step, ...) and ``step_map``, a (B, seq_len) tensor with the forward pass
-(0 = prefill) at which each token was decided.
+Samplers that relax acceptance by token similarity (GSD, LANTERN) set ``needs_codebook`` and get the tokenizer's
+``codebook`` (V, d); the model itself stays unaware of the tokenizer.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
 from vgen.errors import VGenError
+from vgen.interfaces import ModelSpec, Order, check_fits
+from vgen.stats import merge_stats
 
-_REGISTRY: dict[str, type[Sampler]] = {}
+_SAMPLERS: dict[str, type[Sampler]] = {}
+
+
+def option(default, help: str, choices: tuple | None = None):  # noqa: A002 (the dataclass metadata key)
+    """A documented option field: ``help`` (one line) and, for string options, its ``choices``."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass
-class SamplingOptions:
-    """Options every token sampler shares. The target distribution is: CFG-guided logits (rows
-    [cond; uncond], ``uncond + cfg_scale * (cond - uncond)``), divided by ``temperature``, truncated to
-    ``top_k`` (0 = off) then ``top_p`` (1 = off)."""
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    cfg_scale: float = 1.0
-    cfg_interval: int = -1  # official LlamaGen semantics: tokens after index cfg_interval+1 are unguided
-    compile: bool = False  # torch.compile the decode step (worth it for long jobs; costs a warm-up)
+class Options:
+    """Base of every sampler's options: float fields must be finite; ``aliases`` maps another spelling of an
+    option (e.g. VAR's official ``cfg``) to ``(canonical name, conversion)``."""
+    aliases = {}  # class attribute (not a field): {alias: (name, fn)}
 
-    def validate(self, vocab_size: int | None = None) -> None:
+    @classmethod
+    def normalize(cls, options: dict) -> dict:
+        """Aliases -> canonical names (an error when both spellings are given)."""
+        out = dict(options)
+        for alias, (name, fn) in cls.aliases.items():
+            if alias in out:
+                if name in out:
+                    raise VGenError(f"give {name} or its alias {alias}, not both")
+                out[name] = fn(out.pop(alias))
+        return out
+
+    @classmethod
+    def names(cls) -> set[str]:
+        """Every accepted option name: the fields and their aliases."""
+        return {f.name for f in dataclasses.fields(cls)} | set(cls.aliases)
+
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise VGenError(f"{f.name} must be a finite number, got {v}")
+            choices = f.metadata.get("choices")
+            if choices and v not in choices:
+                raise VGenError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {v!r}")
+
+
+@dataclass
+class TokenOptions(Options):
+    """The target distribution of a token sampler: CFG-guided logits (rows [cond; uncond],
+    ``uncond + cfg_scale * (cond - uncond)``), divided by ``temperature``, truncated to ``top_k`` then ``top_p``."""
+    temperature: float = option(1.0, "softmax temperature (1 = the model's distribution, lower = sharper)")
+    top_k: int = option(0, "keep the k most likely tokens (0 = off)")
+    top_p: float = option(1.0, "keep the smallest set of tokens with this much mass (1 = off)")
+    cfg_scale: float = option(1.0, "classifier-free guidance scale (1 = off)")
+
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
         if self.temperature < 0:
             raise VGenError(f"temperature must be >= 0, got {self.temperature}: use 1.0 for the model's "
                             "distribution, lower for sharper samples")
         if self.top_k < 0:
             raise VGenError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if vocab_size is not None and self.top_k > vocab_size:
-            raise VGenError(f"top_k={self.top_k} is above the vocabulary size {vocab_size}: use 0 (off) "
-                            f"or a value in 1..{vocab_size}")
+        vocab = spec.vocab_size if spec is not None else None
+        if vocab is not None and self.top_k > vocab:
+            raise VGenError(f"top_k={self.top_k} is above the vocabulary size {vocab}: use 0 (off) "
+                            f"or a value in 1..{vocab}")
         if not 0.0 < self.top_p <= 1.0:
             raise VGenError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if self.cfg_scale < 0:
             raise VGenError(f"cfg_scale must be >= 0 (1 = no guidance), got {self.cfg_scale}")
-        if self.cfg_interval < -1:
-            raise VGenError(f"cfg_interval must be >= -1 (-1 = guide every token), got {self.cfg_interval}")
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale != 1.0
 
 
+@dataclass
+class SamplingOptions(TokenOptions):
+    """Options of the raster / next-neighbour token samplers."""
+    cfg_interval: int = option(-1, "guide only the first cfg_interval+1 tokens (-1 = every token; LlamaGen's)")
+    compile: bool = option(False, "torch.compile the decode step (worth it for long jobs; costs a warm-up)")
+
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
+        if self.cfg_interval < -1:
+            raise VGenError(f"cfg_interval must be >= -1 (-1 = guide every token), got {self.cfg_interval}")
+
+
 class Sampler:
-    """Base class: subclasses set ``name`` and ``Options`` and implement ``_sample``."""
+    """Base class: subclasses set ``name``, ``Options`` and ``order`` and implement ``_sample`` (or ``_run`` for
+    their own batching). ``plain``: the order's plain sampler (the default and the baseline); ``hidden``: kept
+    out of ``list_samplers()`` (reference implementations used by benchmarks)."""
 
     name: str = ""
-    Options: type = SamplingOptions
-    needs_codebook: bool = False  # acceptance uses token similarity in the tokenizer's codebook
-    generation: str = "next-token"  # the model interface it drives: next-token (GPT), next-scale (VAR), next-neighbour (NAR)
+    Options: type[Options] = SamplingOptions
+    order: Order = Order.NEXT_TOKEN
+    plain: bool = False
+    hidden: bool = False
+    needs_codebook: bool = False
 
     def __init__(self, **options):
-        fields = {f.name for f in dataclasses.fields(self.Options)}
-        unknown = sorted(set(options) - fields)
+        unknown = sorted(set(options) - self.Options.names())
         if unknown:
             raise VGenError(f"unknown option(s) {unknown} for sampler {self.name!r}; valid options: "
-                            f"{sorted(fields)}")
-        self.options = self.Options(**options)
+                            f"{sorted(self.Options.names())}")
+        self.options = self.Options(**self.Options.normalize(options))
 
-    def validate(self, model, cond: torch.Tensor) -> None:
-        kind = getattr(model, "generation", "next-token")
-        if kind != self.generation:
-            fits = [n for n, c in _REGISTRY.items() if c.generation == kind]
-            raise VGenError(f"sampler {self.name!r} does {self.generation} generation but {type(model).__name__} is a "
-                            f"{kind} model: use one of {', '.join(sorted(fits))}")
-        self.options.validate(model.vocab_size)
-        if cond.dtype in (torch.int32, torch.int64):
-            bad = cond[(cond < 0) | (cond >= model.num_classes)]
-            if bad.numel():
-                raise VGenError(f"class id {int(bad[0])} out of range: this model has classes "
-                                f"0..{model.num_classes - 1}")
+    def validate(self, model_or_card) -> ModelSpec:
+        """Does this sampler fit the model, and do its options? (A card works too: nothing needs weights.)"""
+        spec = ModelSpec.of(model_or_card)
+        check_fits(self.name, spec)
+        self.options.validate(spec)
+        return spec
 
     @torch.inference_mode()
     def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False,
                  codebook: torch.Tensor | None = None, batch_size: int | None = None):
-        """Sample one image per condition. ``batch_size`` caps the samples run in one forward pass (default:
-        all); sample i's result depends only on ``cond[i]`` and ``seeds[i]``, never on the batching."""
-        self.validate(model, cond)
+        """Sample one token sequence per condition, at most ``batch_size`` (default: all) per forward pass."""
+        spec = self.validate(model)
+        if cond.dtype in (torch.int32, torch.int64):
+            bad = cond[(cond < 0) | (cond >= spec.num_classes)]
+            if bad.numel():
+                raise VGenError(f"class id {int(bad[0])} out of range: this model has classes "
+                                f"0..{spec.num_classes - 1}")
         if len(seeds) != cond.shape[0]:
             raise VGenError(f"got {len(seeds)} seeds for {cond.shape[0]} conditions: give one seed per sample")
         if batch_size is not None and batch_size < 1:
@@ -103,11 +153,11 @@ class Sampler:
             if codebook is None:
                 raise VGenError(f"sampler {self.name!r} measures token similarity in the tokenizer's codebook: pass "
                                 "codebook=tokenizer.codebook() (a Pipeline does this for you)")
-            if codebook.dim() != 2 or codebook.shape[0] < model.vocab_size:
+            if codebook.dim() != 2 or codebook.shape[0] < spec.vocab_size:
                 raise VGenError(f"codebook of shape {tuple(codebook.shape)} does not cover the model's "
-                                f"{model.vocab_size} image tokens: pass the (vocab_size, dim) codebook of the "
+                                f"{spec.vocab_size} image tokens: pass the (vocab_size, dim) codebook of the "
                                 "tokenizer this model was trained with")
-            kw["codebook"] = codebook[: model.vocab_size]
+            kw["codebook"] = codebook[: spec.vocab_size]
         return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
@@ -124,46 +174,26 @@ class Sampler:
         raise NotImplementedError
 
 
-def merge_stats(parts: list[tuple[dict, int]]) -> dict:
-    """Stats of consecutive runs (each with its number of samples) -> stats of the whole: counts and time
-    add up, the KV cache is the largest, per-sample means are weighted, step maps are concatenated."""
-    out = {}
-    for k in parts[0][0]:
-        vals = [(st[k], w) for st, w in parts if k in st]
-        if isinstance(vals[0][0], torch.Tensor):
-            out[k] = torch.cat([v for v, _ in vals])
-        elif k in ("forward_passes", "tokens", "seconds"):
-            out[k] = sum(v for v, _ in vals)
-        elif k in ("kv_cache_bytes", "kv_full_bytes"):
-            out[k] = max(v for v, _ in vals)
-        elif isinstance(vals[0][0], list):  # per-stage numbers: the largest run's
-            out[k] = [max(x) for x in zip(*[v for v, _ in vals])]
-        elif isinstance(vals[0][0], (int, float)):
-            out[k] = sum(v * w for v, w in vals) / sum(w for _, w in vals)
-    return out
-
-
-# the plain sampler of each generation order: what runs when none is named, and what others are compared to
-BASELINES = {"next-token": "ar", "next-scale": "var", "next-neighbour": "nar"}
-
-
-def baseline_for(generation: str) -> str:
-    return BASELINES.get(generation, "ar")
-
-
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
-    _REGISTRY[cls.name] = cls
+    """Class decorator: make a sampler reachable by its ``name`` (CLI, pipelines, bench, demo)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _SAMPLERS[cls.name] = cls
     return cls
 
 
-def list_samplers() -> list[str]:
-    return sorted(_REGISTRY)
+def list_samplers(include_hidden: bool = False) -> list[str]:
+    return sorted(n for n, c in _SAMPLERS.items() if include_hidden or not c.hidden)
+
+
+def sampler_class(name: str) -> type[Sampler]:
+    if name not in _SAMPLERS:
+        raise VGenError(f"unknown sampler {name!r}; available samplers: {', '.join(list_samplers())}")
+    return _SAMPLERS[name]
 
 
 def get_sampler(name: str, **options) -> Sampler:
-    if name not in _REGISTRY:
-        raise VGenError(f"unknown sampler {name!r}; available samplers: {', '.join(list_samplers())}")
-    return _REGISTRY[name](**options)
+    return sampler_class(name)(**options)
 
 
 def as_cond(labels, device=None) -> torch.Tensor:
@@ -179,9 +209,8 @@ def as_cond(labels, device=None) -> torch.Tensor:
 
 def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
            codebook: torch.Tensor | None = None, batch_size: int | None = None, **options):
-    """Sample image tokens: returns ``(tokens (N, seq_len) int64, stats dict)``.
-
-    Sample i uses seed ``seed + i``: it is identical to running it alone with that seed."""
+    """Sample tokens: returns ``(tokens (N, seq_len), stats dict)``. Sample i uses seed ``seed + i``: it is
+    identical to running it alone with that seed."""
     s = get_sampler(sampler, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)

@@ -13,18 +13,19 @@ from dataclasses import dataclass
 import torch
 
 from vgen.errors import VGenError
-from vgen.samplers.base import register_sampler
+from vgen.interfaces import ModelSpec
+from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 
 
 @dataclass
 class GSDOptions(SpeculativeOptions):
-    group_size: int = 25
-    p_threshold: float = 0.15
-    d_threshold: float = 0.5
+    group_size: int = option(25, "tokens around the draft in the target's ranking (1 = plain SJD)")
+    p_threshold: float = option(0.15, "keep group members with |p(y) - p(x)| below this")
+    d_threshold: float = option(0.5, "... and squared codebook distance to the draft below this")
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        super().validate(vocab_size)
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
         if self.group_size < 1:
             raise VGenError(f"group_size must be >= 1 (1 = plain SJD), got {self.group_size}")
         if self.p_threshold < 0 or self.d_threshold < 0:

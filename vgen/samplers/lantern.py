@@ -22,18 +22,19 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.kernels.neighbours import latent_neighbours
-from vgen.samplers.base import register_sampler
+from vgen.interfaces import ModelSpec
+from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 
 
 @dataclass
 class LanternOptions(SpeculativeOptions):
-    k: int = 1000  # latent neighbours per token (clipped to vocab_size - 1)
-    delta: float = 0.1  # total-variation budget per token
-    lam: float = 0.0  # LANTERN++ cap p~(x) <= lam * p(x); 0 = off
+    k: int = option(1000, "latent neighbours per token (clipped to vocab_size - 1)")
+    delta: float = option(0.1, "total-variation budget per token (0 = exact SJD)")
+    lam: float = option(0.0, "LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        super().validate(vocab_size)
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
         if self.k < 1:
             raise VGenError(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.delta <= 1.0:

@@ -8,8 +8,9 @@ sampler reads the grid (``model.token_shape``) and the heads (``model.neighbour_
 t x h x w video grid with a next-frame head takes t + h + w - 2.
 
 Options are the shared ones: CFG (rows [cond; uncond], LlamaGen's form, applied to the head-averaged
-logits; ``cfg_interval`` as in the official code: guidance stops once more than ``cfg_interval`` tokens
-exist), temperature, top-k, top-p. Token i of sample j draws with uniform ``u[j, i]`` from seed j, so a
+logits; ``cfg_interval`` means what it means for every sampler: token t is guided when t <= cfg_interval + 1,
+LlamaGen's rule, applied per token of a diagonal; the official NAR code instead stops guiding a whole diagonal once
+more than ``cfg_interval`` tokens exist), temperature, top-k, top-p. Token i of sample j draws with uniform ``u[j, i]`` from seed j, so a
 sample is the same in any batch.
 """
 from __future__ import annotations
@@ -22,10 +23,11 @@ from tqdm.auto import tqdm
 from vgen.kernels.decode import compiled, token_step
 from vgen.kernels.proximity import anti_diagonals, average_heads, neighbour_sources
 from vgen.kernels.sampling import per_sample_uniforms
+from vgen.interfaces import Order
 from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
 
 
-def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, cfg: bool, apply_cfg: bool,
+def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, cfg: bool, apply_cfg,
                     cfg_scale: float, temperature: float, top_k: int, top_p: float):
     """Feed diagonal d's tokens (B, S) at positions ``pos`` (S,); draw diagonal d + 1's tokens with uniforms
     ``u`` (B, T) -> (tokens (B, T), log-probs (B, T))."""
@@ -38,7 +40,8 @@ def nar_decode_step(model, cache, tokens, pos, sources: list[torch.Tensor], u, c
 class NARSampler(Sampler):
     name = "nar"
     Options = SamplingOptions
-    generation = "next-neighbour"
+    order = Order.NEXT_NEIGHBOUR
+    plain = True
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
         o = self.options
@@ -59,15 +62,13 @@ class NARSampler(Sampler):
         step_map = torch.empty((B, L), dtype=torch.long, device=dev)
         tok, lp = token_step(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
         tokens[:, :1], logp[:, :1], step_map[:, 0] = tok, lp, 0
-        done = 1
         sources_per_step = [[s.to(dev) for s in neighbour_sources(shape, d, offsets)] for d in range(len(diags) - 1)]
         for d in tqdm(range(len(diags) - 1), disable=not progress, desc="nar", leave=False):
             cur, nxt, sources = diags[d], diags[d + 1], sources_per_step[d]
-            apply_cfg = o.cfg_interval < 0 or done <= o.cfg_interval
+            apply_cfg = True if o.cfg_interval < 0 else nxt <= o.cfg_interval + 1
             tok, lp = step(model, cache, tokens[:, cur], cur + model.cond_len, sources, u[:, nxt],
                            apply_cfg=apply_cfg, **kw)
             tokens[:, nxt], logp[:, nxt], step_map[:, nxt] = tok, lp, d + 1
-            done += nxt.numel()
         passes = len(diags)
         stats = {"forward_passes": passes, "tokens": B * L, "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "nll": float(-logp.mean()), "accepted_per_step": L / passes,

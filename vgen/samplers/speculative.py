@@ -31,7 +31,8 @@ from vgen.errors import VGenError
 from vgen.kernels.decode import compiled
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
 from vgen.kernels.verify import correction, gather_rows, leading_accepts, window_target
-from vgen.samplers.base import Sampler, SamplingOptions
+from vgen.interfaces import ModelSpec
+from vgen.samplers.base import Sampler, SamplingOptions, option
 
 INITS = ("random", "horizontal", "vertical", "sample")
 FRESH_Q = ("proposal", "onehot")
@@ -39,26 +40,20 @@ FRESH_Q = ("proposal", "onehot")
 
 @dataclass
 class SpeculativeOptions(SamplingOptions):
-    """``window``: tokens per forward pass (the last accepted one plus window-1 drafts).
-    ``init``: drafts for new positions: ``random`` (uniform over the image vocabulary), ``horizontal`` (copy
-    the token to the left), ``vertical`` (copy the token above in the 2D grid; left in the first row),
-    ``sample`` (draw from the target distribution at the window's last position).
-    ``fresh_q``: the draft distribution q used to verify those drafts: ``proposal`` (what they were really
-    drawn from: uniform for random, the sampled distribution for sample; copies are deterministic, so
-    one-hot) or ``onehot`` (one-hot on the draft, as the official SJD code does). Both are lossless; the
-    proposal accepts more."""
-    window: int = 16
-    init: str = "random"
-    fresh_q: str = "proposal"
+    """Options every speculative sampler shares. ``fresh_q=proposal`` verifies drafts against what they were really
+    drawn from (uniform for random, the sampled distribution for sample; copies are deterministic, so one-hot);
+    ``onehot`` is the official SJD code's choice. Both are lossless; the proposal accepts more."""
+    window: int = option(16, "tokens per forward pass: the last accepted one plus window-1 drafts")
+    init: str = option("random", "drafts for new positions: random (uniform), horizontal (copy the left token), "
+                       "vertical (copy the token above; left in the first row), sample (draw from the target)",
+                       choices=INITS)
+    fresh_q: str = option("proposal", "draft distribution used to verify new drafts: proposal | onehot",
+                          choices=FRESH_Q)
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        super().validate(vocab_size)
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
         if self.window < 2:
             raise VGenError(f"window must be >= 2 (the last accepted token plus at least one draft), got {self.window}")
-        if self.init not in INITS:
-            raise VGenError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
-        if self.fresh_q not in FRESH_Q:
-            raise VGenError(f"fresh_q must be one of {', '.join(FRESH_Q)}, got {self.fresh_q!r}")
 
 
 def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor, u: torch.Tensor, *, init: str,
@@ -154,7 +149,7 @@ class SpeculativeSampler(Sampler):
         t0 = time.perf_counter()
         N, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
         S = min(batch_size, N)
-        grid_w = model.grid[1]
+        grid_w = model.token_shape[-1]
         rule_args, rule_kw = self.rule_inputs(model, codebook)
         cfg = o.guided
         cache = model.new_cache(2 * S if cfg else S)

@@ -1,8 +1,10 @@
 """Next-scale sampling (VAR): one forward pass per scale, every token of a scale drawn at once.
 
-Guidance follows VAR: rows [cond; uncond], ``logits = (1 + t) cond - t uncond`` with ``t = cfg * si / (K - 1)``
-(grows from 0 at the first scale to ``cfg`` at the last; ``cfg_schedule=constant`` uses ``t = cfg``
-throughout). Then temperature, top-k and top-p (0 = off for both, VAR's convention). The KV cache grows scale
+Guidance follows VAR: rows [cond; uncond], ``logits = (1 + t) cond - t uncond`` with
+``t = (cfg_scale - 1) * si / (K - 1)`` (grows from 0 at the first scale to ``cfg_scale - 1`` at the last, so
+``cfg_scale`` means at the last scale what it means for every other sampler; VAR's own ``cfg`` is ``cfg_scale - 1``
+and is accepted as an alias; ``cfg_schedule=constant`` uses the last scale's t throughout). Then temperature,
+top-k (0 = off) and top-p (1 = off), as for every token sampler. The KV cache grows scale
 by scale; ``kv_compression`` (``none``, ``scalekv``, ``uniform``) with ``kv_budget`` bounds what it keeps for
 later scales (see ``vgen.kernels.kv_compression``). Sample i draws from its own seed whatever the batch.
 """
@@ -18,36 +20,28 @@ from tqdm.auto import tqdm
 from vgen.errors import VGenError
 from vgen.kernels.kv_compression import make_policy
 from vgen.kernels.sampling import filter_probs, per_sample_uniforms, sample_from_probs
-from vgen.samplers.base import Sampler, register_sampler
+from vgen.interfaces import ModelSpec, Order
+from vgen.samplers.base import Sampler, TokenOptions, option, register_sampler
 
 COMPRESSIONS = ("none", "scalekv", "uniform")
 
 
 @dataclass
-class VAROptions:
-    temperature: float = 1.0
-    top_k: int = 0  # 0 = off
-    top_p: float = 0.0  # 0 = off (VAR's convention)
-    cfg: float = 1.5  # guidance weight at the last scale; 0 = off
-    cfg_schedule: str = "linear"  # linear (VAR) | constant
-    kv_compression: str = "none"  # none | scalekv | uniform
-    kv_budget: float = 0.1  # fraction of the full cache kept for later scales (scalekv, uniform)
-    kv_calibration: Optional[str] = None  # ScaleKV layer budgets (JSON from `vgen scalekv calibrate`)
-    compile: bool = False  # accepted for interface parity; next-scale passes are few and large
+class VAROptions(TokenOptions):
+    """``cfg_scale`` is the guidance scale at the last scale in LlamaGen's form (1 = off); it grows linearly from 1
+    at the first scale (``cfg_schedule=linear``, VAR's) or holds throughout (``constant``). VAR's official ``cfg``
+    is accepted with its meaning: ``cfg=c`` is ``cfg_scale=1+c``."""
+    aliases = {"cfg": ("cfg_scale", lambda c: 1.0 + c)}
+    cfg_scale: float = option(2.5, "guidance scale at the last scale (1 = off; VAR's cfg=1.5 is 2.5)")
+    cfg_schedule: str = option("linear", "guidance over the scales: linear (VAR) | constant",
+                               choices=("linear", "constant"))
+    kv_compression: str = option("none", "what the KV cache keeps for later scales: none | scalekv | uniform",
+                                 choices=COMPRESSIONS)
+    kv_budget: float = option(0.1, "fraction of the full KV cache kept for later scales (scalekv, uniform)")
+    kv_calibration: Optional[str] = option(None, "ScaleKV layer budgets JSON (`vgen scalekv calibrate`)")
 
-    def validate(self, vocab_size: int | None = None) -> None:
-        if self.temperature <= 0:
-            raise VGenError(f"temperature must be > 0, got {self.temperature}")
-        if self.top_k < 0 or (vocab_size is not None and self.top_k > vocab_size):
-            raise VGenError(f"top_k must be in 0..{vocab_size or 'V'} (0 = off), got {self.top_k}")
-        if not 0.0 <= self.top_p <= 1.0:
-            raise VGenError(f"top_p must be in [0, 1] (0 = off, VAR's convention), got {self.top_p}")
-        if self.cfg < 0:
-            raise VGenError(f"cfg must be >= 0 (0 = no guidance), got {self.cfg}")
-        if self.cfg_schedule not in ("linear", "constant"):
-            raise VGenError(f"cfg_schedule must be 'linear' (VAR) or 'constant', got {self.cfg_schedule!r}")
-        if self.kv_compression not in COMPRESSIONS:
-            raise VGenError(f"kv_compression must be one of {', '.join(COMPRESSIONS)}, got {self.kv_compression!r}")
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
         if not 0.0 < self.kv_budget <= 1.0:
             raise VGenError(f"kv_budget must be in (0, 1] (fraction of the full cache kept), got {self.kv_budget}")
         if self.kv_compression == "scalekv" and not self.kv_calibration:
@@ -55,17 +49,20 @@ class VAROptions:
                             "(write one with `vgen scalekv calibrate model=...`; zoo models ship theirs)")
 
 
-def guidance_weight(cfg: float, si: int, n_scales: int, schedule: str) -> float:
+def guidance_weight(cfg_scale: float, si: int, n_scales: int, schedule: str) -> float:
+    """VAR's t at scale ``si``: logits = (1 + t) cond - t uncond."""
+    t = cfg_scale - 1.0
     if schedule == "constant":
-        return cfg
-    return cfg * si / max(1, n_scales - 1)
+        return t
+    return t * si / max(1, n_scales - 1)
 
 
 @register_sampler
 class VARSampler(Sampler):
     name = "var"
     Options = VAROptions
-    generation = "next-scale"
+    order = Order.NEXT_SCALE
+    plain = True
     observer = None  # a CachePolicy that records attention (ScaleKV calibration); None in normal use
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
@@ -73,7 +70,7 @@ class VARSampler(Sampler):
         t0 = time.perf_counter()
         B, dev, pn = cond.shape[0], cond.device, model.patch_nums
         K, L = len(pn), model.seq_len
-        guided = o.cfg > 0
+        guided = o.guided
         cond_in = torch.cat([cond, model.null_cond(cond)]) if guided else cond
         if self.observer is not None:  # calibration: keep everything, let the observer see every stage
             cache = model.new_cache(cond_in.shape[0], policy=self.observer)
@@ -91,10 +88,10 @@ class VARSampler(Sampler):
         for si in tqdm(range(K), disable=not progress, desc="var", leave=False):
             logits = model.scale_logits(si, cond_in, x, cache)
             if guided:
-                t = guidance_weight(o.cfg, si, K, o.cfg_schedule)
+                t = guidance_weight(o.cfg_scale, si, K, o.cfg_schedule)
                 c, uc = logits.chunk(2)
                 logits = (1 + t) * c - t * uc
-            probs = filter_probs(logits, o.temperature, o.top_k, o.top_p if o.top_p > 0 else 1.0)
+            probs = filter_probs(logits, o.temperature, o.top_k, o.top_p)
             e = b + pn[si] ** 2
             idx = sample_from_probs(probs, u[:, b:e])
             tokens[:, b:e] = idx

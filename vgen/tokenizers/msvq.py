@@ -20,6 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vgen.models.loading import count_indexed, register_kind
+from vgen.tokenizers.vq import Downsample, Upsample
+
 from vgen.errors import VGenError
 
 
@@ -88,24 +91,6 @@ class AttnBlock(nn.Module):
         return x + self.proj_out(h)
 
 
-class _Down(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, 2, 0)
-
-    def forward(self, x):
-        return self.conv(F.pad(x, (0, 1, 0, 1)))
-
-
-class _Up(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv = nn.Conv2d(c, c, 3, 1, 1)
-
-    def forward(self, x):
-        return self.conv(F.interpolate(x, scale_factor=2, mode="nearest"))
-
-
 def _mid(c, dropout, attn):
     m = nn.Module()
     m.block_1 = ResnetBlock(c, c, dropout)
@@ -130,7 +115,7 @@ class Encoder(nn.Module):
                 if i == len(mult) - 1 and cfg.using_sa:
                     lvl.attn.append(AttnBlock(cin))
             if i != len(mult) - 1:
-                lvl.downsample = _Down(cin)
+                lvl.downsample = Downsample(cin)
             self.down.append(lvl)
         self.mid = _mid(cin, cfg.dropout, cfg.using_mid_sa)
         self.norm_out = _norm(cin)
@@ -166,7 +151,7 @@ class Decoder(nn.Module):
                 if i == len(mult) - 1 and cfg.using_sa:
                     lvl.attn.append(AttnBlock(cin))
             if i != 0:
-                lvl.upsample = _Up(cin)
+                lvl.upsample = Upsample(cin)
             ups.insert(0, lvl)
         self.up = nn.ModuleList(ups)  # index = resolution level, as in the official checkpoints
         self.norm_out = _norm(cin)
@@ -331,6 +316,8 @@ class MultiScaleQuantizer(nn.Module):
 
 
 class MultiScaleVQVAE(nn.Module):
+    """VAR's multi-scale VQVAE, a :class:`vgen.interfaces.Tokenizer` over the flat pyramid of codes (B, L)."""
+
     def __init__(self, config: MSVQConfig | None = None, **kwargs):
         super().__init__()
         self.config = config or MSVQConfig(**kwargs)
@@ -361,8 +348,13 @@ class MultiScaleVQVAE(nn.Module):
         """Images in [-1, 1] -> per-scale indices, coarse to fine (official ``img_to_idxBl``)."""
         return self.quantize.quantize(self.quant_conv(self.encoder(x)))[0]
 
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] -> the flat pyramid of codes (B, L), coarse to fine."""
+        return torch.cat(self.encode_scales(pixels), dim=1)
+
     def encode_to_codes(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat(self.encode_scales(x), dim=1)
+        """Alias of ``encode`` (the pyramid is already flat), as the single-scale tokenizer names it."""
+        return self.encode(x)
 
     def fhat_to_img(self, f_hat: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(f_hat)).clamp(-1, 1)
@@ -371,10 +363,13 @@ class MultiScaleVQVAE(nn.Module):
         """Per-scale indices -> image in [-1, 1] (official ``idxBl_to_img(..., same_shape=True, last_one=True)``)."""
         return self.fhat_to_img(self.quantize.codes_to_fhat(idx))
 
-    def decode_codes(self, codes: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """(B, L) tokens of all scales, coarse to fine -> images in [-1, 1]. ``grid`` (the last scale) is
-        accepted for interface parity with single-scale tokenizers."""
-        return self.decode_scales(self.quantize.split(codes))
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) tokens of all scales, coarse to fine -> images in [-1, 1]."""
+        return self.decode_scales(self.quantize.split(tokens))
+
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Alias of ``decode``, as the single-scale tokenizer names its flat-codes decoder."""
+        return self.decode(codes)
 
     def forward(self, x: torch.Tensor):
         """Training: (reconstruction, VQ loss, per-scale indices)."""
@@ -390,3 +385,36 @@ class MultiScaleVQVAE(nn.Module):
 
     def config_dict(self) -> dict:
         return dataclasses.asdict(self.config)
+
+
+def infer_msvq(sd: dict) -> dict:
+    cfg: dict = {}
+    if "quantize.embedding.weight" in sd:
+        cfg["vocab_size"], cfg["z_channels"] = sd["quantize.embedding.weight"].shape
+    if "encoder.conv_in.weight" in sd:
+        ch = cfg["ch"] = sd["encoder.conv_in.weight"].shape[0]
+        n = count_indexed(sd, "encoder.down")
+        key = "encoder.down.{}.block.0.conv1.weight"
+        if n and all(key.format(i) in sd for i in range(n)):
+            cfg["ch_mult"] = [sd[key.format(i)].shape[0] // ch for i in range(n)]
+        cfg["num_res_blocks"] = count_indexed(sd, "encoder.down.0.block")
+        cfg["using_sa"] = f"encoder.down.{max(n - 1, 0)}.attn.0.qkv.weight" in sd
+        cfg["using_mid_sa"] = "encoder.mid.attn_1.qkv.weight" in sd
+    if "quant_conv.weight" in sd:
+        cfg["quant_conv_ks"] = sd["quant_conv.weight"].shape[-1]
+    shared = count_indexed(sd, "quantize.quant_resi.qresi_ls")
+    if shared:
+        cfg["share_quant_resi"] = shared
+    elif "quantize.quant_resi.qresi.weight" in sd:
+        cfg["share_quant_resi"] = 1
+    elif count_indexed(sd, "quantize.quant_resi"):
+        cfg["share_quant_resi"], cfg["default_qresi_counts"] = 0, count_indexed(sd, "quantize.quant_resi")
+    return cfg
+
+
+def is_msvq(sd):
+    return "quantize.embedding.weight" in sd and any(k.startswith("encoder.down.") for k in sd)
+
+
+for _name in ("var-vqvae", "msvq"):  # the official name and vgen's short one
+    register_kind(_name, MultiScaleVQVAE, MSVQConfig, infer_msvq, is_msvq, "VAR multi-scale VQVAE")

@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vgen.models.loading import VQ_PRESETS, count_indexed, register_kind
+
 
 @dataclass
 class VQConfig:
@@ -92,9 +94,9 @@ class _Level(nn.Module):
             if attn:
                 self.attn.append(AttnBlock(cout))
         if resample == "down":
-            self.downsample = _Down(cout)
+            self.downsample = Downsample(cout)
         elif resample == "up":
-            self.upsample = _Up(cout)
+            self.upsample = Upsample(cout)
 
     def forward(self, h):
         for i, block in enumerate(self.res):
@@ -108,7 +110,9 @@ class _Level(nn.Module):
         return h
 
 
-class _Down(nn.Module):
+class Downsample(nn.Module):
+    """Stride-2 conv after a (0, 1, 0, 1) pad (the official taming/LDM downsample; VAR's VQVAE shares it)."""
+
     def __init__(self, c):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, 2, 0)
@@ -117,7 +121,9 @@ class _Down(nn.Module):
         return self.conv(F.pad(x, (0, 1, 0, 1)))
 
 
-class _Up(nn.Module):
+class Upsample(nn.Module):
+    """Nearest x2 then a 3x3 conv (the official taming/LDM upsample)."""
+
     def __init__(self, c):
         super().__init__()
         self.conv = nn.Conv2d(c, c, 3, 1, 1)
@@ -207,9 +213,8 @@ class VectorQuantizer(nn.Module):
 
 
 class VQModel(nn.Module):
-    """LlamaGen VQ tokenizer. ``encode_to_codes``/``decode_codes`` are the API the pipelines use."""
-
-    family = "llamagen-vq"
+    """LlamaGen VQ tokenizer, a :class:`vgen.interfaces.Tokenizer`: ``encode(pixels) -> codes (B, h, w)``,
+    ``decode(codes) -> pixels``."""
 
     def __init__(self, config: VQConfig | None = None, **kwargs):
         super().__init__()
@@ -236,26 +241,32 @@ class VQModel(nn.Module):
         """Images in [-1, 1] (B, 3, H, W) -> continuous pre-quantisation latents (B, e_dim, h, w)."""
         return self.quant_conv(self.encoder(x))
 
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] (B, 3, H, W) -> code indices on the token grid (B, h, w)."""
+        return self.quantize.nearest(self.encode_latent(pixels).permute(0, 2, 3, 1))
+
     def encode_to_codes(self, x: torch.Tensor) -> torch.Tensor:
         """Images in [-1, 1] (B, 3, H, W) -> code indices (B, h*w) in raster order."""
-        z = self.encode_latent(x)
-        return self.quantize.nearest(z.permute(0, 2, 3, 1)).flatten(1)
+        return self.encode(x).flatten(1)
 
-    def decode_codes(self, codes: torch.Tensor, grid: tuple[int, int] | None = None) -> torch.Tensor:
-        """Code indices (B, h*w) -> images (B, 3, H, W), about [-1, 1], not clamped."""
-        b, n = codes.shape
-        if grid is None:
-            s = int(round(n ** 0.5))
-            grid = (s, s)
-        return self.decode(self.quantize.lookup(codes.view(b, *grid)))
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Code indices on the grid (B, h, w) -> images (B, 3, H, W), about [-1, 1], not clamped."""
+        return self.decode_latent(self.quantize.lookup(tokens))
 
-    def decode(self, quant: torch.Tensor) -> torch.Tensor:
+    def decode_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """Flat code indices (B, h*w) of a square grid -> images (B, 3, H, W)."""
+        s = int(round(codes.shape[1] ** 0.5))
+        return self.decode(codes.view(codes.shape[0], s, s))
+
+    def decode_latent(self, quant: torch.Tensor) -> torch.Tensor:
+        """Quantised latents (B, e_dim, h, w) -> images (the official ``decode(quant)``)."""
         return self.decoder(self.post_quant_conv(quant))
 
     def decode_code(self, code_b: torch.Tensor, shape=None) -> torch.Tensor:
         """The official signature: ``shape = [B, e_dim, h, w]``."""
-        grid = None if shape is None else (shape[2], shape[3])
-        return self.decode_codes(code_b.reshape(code_b.shape[0], -1), grid)
+        if shape is None:
+            return self.decode_codes(code_b.reshape(code_b.shape[0], -1))
+        return self.decode(code_b.reshape(code_b.shape[0], shape[2], shape[3]))
 
     def forward(self, x: torch.Tensor):
         """Training forward: returns (reconstruction, quantised latent, pre-quant latent, indices)."""
@@ -266,8 +277,45 @@ class VQModel(nn.Module):
             zp = F.normalize(zp, dim=-1)
         zq = self.quantize.codebook()[idx]
         zq_st = zp + (zq - zp).detach()  # straight-through
-        rec = self.decode(zq_st.permute(0, 3, 1, 2))
+        rec = self.decode_latent(zq_st.permute(0, 3, 1, 2))
         return rec, zq, zp, idx
 
     def config_dict(self) -> dict:
         return asdict(self.config)
+
+
+def infer_vq(sd: dict) -> dict:
+    cfg: dict = {}
+    if "quantize.embedding.weight" in sd:
+        cfg["codebook_size"], cfg["codebook_embed_dim"] = sd["quantize.embedding.weight"].shape
+    cfg["codebook_show_usage"] = "quantize.codebook_used" in sd
+    if "quant_conv.weight" in sd:
+        cfg["z_channels"] = sd["quant_conv.weight"].shape[1]
+    if "encoder.conv_in.weight" in sd:
+        ch = sd["encoder.conv_in.weight"].shape[0]
+        cfg["ch"] = ch
+        n = count_indexed(sd, "encoder.conv_blocks")
+        mult = [sd[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(n)
+                if f"encoder.conv_blocks.{i}.res.0.conv1.weight" in sd]
+        if len(mult) == n and n:
+            cfg["encoder_ch_mult"] = mult
+        cfg["num_res_blocks"] = count_indexed(sd, "encoder.conv_blocks.0.res")
+    if "decoder.conv_out.weight" in sd and "ch" in cfg:
+        n = count_indexed(sd, "decoder.conv_blocks")
+        key = "decoder.conv_blocks.{}.res.0.conv1.weight"
+        mult = [sd[key.format(i)].shape[0] // cfg["ch"] for i in range(n) if key.format(i) in sd]
+        if len(mult) == n and n:
+            cfg["decoder_ch_mult"] = mult[::-1]
+    return cfg
+
+
+def is_vq(sd):
+    return ("quantize.embedding.weight" in sd and "encoder.conv_in.weight" in sd and "quant_conv.weight" in sd
+            and not any(k.startswith("encoder.down.") for k in sd))
+
+
+def vq_preset(cfg: dict) -> str | None:
+    return next((name for name, mult in VQ_PRESETS.items() if cfg.get("encoder_ch_mult") == mult), None)
+
+
+register_kind("vq", VQModel, VQConfig, infer_vq, is_vq, "LlamaGen VQ tokenizer", preset=vq_preset)

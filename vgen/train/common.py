@@ -1,15 +1,20 @@
-"""Pieces every zoo recipe shares: atomic checkpoints, resume, LR schedule, autocast, logging."""
+"""Pieces every zoo recipe shares: the training loop, atomic checkpoints, resume, LR schedule, autocast, logging."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
+from tqdm.auto import tqdm
 
+from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes, save_safetensors
 
 
@@ -20,12 +25,92 @@ def lr_at(step: int, total: int, base: float, warmup: int, final_frac: float = 0
     return base * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def autocast(device: str, precision: str):
+def autocast(device: str | torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
     if precision == "fp32":
         return nullcontext()
     raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
+
+
+def train_device(name: str | torch.device) -> torch.device:
+    """The device a recipe's ``device`` field names, checked up front: a clear error, not one mid-training."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise VGenError(f"device={name!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', ...") from None
+    if dev.type == "meta":
+        raise VGenError("device='meta' holds no data and cannot train: use 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VGenError(f"device={name!r} but CUDA is not available here: use device=cpu")
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError) as e:
+        raise VGenError(f"device={name!r} cannot be used here ({str(e).splitlines()[0]}): use device=cpu") from None
+    return dev
+
+
+@dataclass
+class RecipeConfig:
+    """Fields every zoo recipe has; each recipe's config subclasses it with its own defaults and fields."""
+    out: str = "runs/recipe"       # run folder: last.pt (resumable), log.jsonl, the exported safetensors
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 50
+    precision: str = "fp32"        # fp32 | bf16 (autocast; slow on AVX2-only CPUs)
+    seed: int = 0
+    save_every: int = 100
+    threads: int = 0               # torch threads (0: torch's default)
+    device: str = "cpu"            # cpu | cuda | cuda:N
+
+
+_RECIPES: dict[type, Callable] = {}
+
+
+def recipe(config_cls: type):
+    """Decorator: ``fn`` trains the recipe configured by ``config_cls`` (``vgen train recipe=...`` dispatches on the
+    config's type; registered where the recipe is defined)."""
+    def deco(fn):
+        _RECIPES[config_cls] = fn
+        return fn
+    return deco
+
+
+def run_recipe(cfg) -> dict:
+    if type(cfg) not in _RECIPES:
+        raise VGenError(f"unknown recipe {type(cfg).__name__}")
+    return _RECIPES[type(cfg)](cfg)
+
+
+def require_file(path: str, what: str, recipe_name: str) -> None:
+    """An input a recipe needs from an earlier one (a tokenizer): a one-line error before any work."""
+    if not Path(path).exists():
+        raise VGenError(f"{what} {path} not found: train it first (vgen train recipe={recipe_name}) or point "
+                        f"recipe.tokenizer at a {what} safetensors file")
+
+
+def start_run(cfg, needs: tuple[tuple[str, str, str], ...] = ()) -> tuple[RunDir, torch.device]:
+    """What every recipe does first: check the device and the inputs it ``needs`` ((path, what, the recipe that
+    makes it), e.g. a tokenizer), set threads and the seed, open the run folder."""
+    device = train_device(cfg.device)
+    for path, what, maker in needs:
+        require_file(path, what, maker)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    return RunDir(cfg.out), device
+
+
+def to_cpu(obj):
+    """Tensors in nested dicts/lists moved to the CPU (checkpoints load anywhere, with or without a GPU)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
 
 
 class RunDir:
@@ -42,9 +127,8 @@ class RunDir:
         return torch.load(self.ckpt, map_location="cpu", weights_only=True)
 
     def save(self, state: dict) -> None:
-        import io
         buf = io.BytesIO()
-        torch.save(state, buf)
+        torch.save(to_cpu(state), buf)
         atomic_write_bytes(self.ckpt, buf.getvalue())
 
     def log(self, record: dict) -> None:
@@ -52,14 +136,15 @@ class RunDir:
         with open(self.path / "log.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, dict | None]:
+    def resume(self, model: torch.nn.Module, opt: torch.optim.Optimizer,
+               device: str | torch.device | None = None) -> tuple[int, dict | None]:
         """Restore model, optimiser and RNG from ``last.pt`` if there is one -> (step, the whole state)."""
         state = self.load()
         if state is None:
             return 0, None
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], device)
         return int(state["step"]), state
 
     def export(self, name: str, state_dict: dict, config: dict, extra: dict | None = None) -> Path:
@@ -71,9 +156,97 @@ class RunDir:
         return out
 
 
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state()}
+def rng_state(device: str | torch.device | None = None) -> dict:
+    """The global RNG state (and, training on CUDA, that device's generator: dropout draws from it)."""
+    state = {"torch": torch.get_rng_state()}
+    if device is not None and torch.device(device).type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, device: str | torch.device | None = None) -> None:
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and device is not None and torch.device(device).type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def train_loop(cfg, model: torch.nn.Module, opt: torch.optim.Optimizer, run: RunDir,
+               step_fn: Callable[[int], tuple[torch.Tensor, dict]], *, desc: str, clip: float = 1.0,
+               log_every: int = 20, bar: dict[str, str] | None = None,
+               after_step: Callable[[int], dict | None] | None = None,
+               extra_state: dict[str, torch.Tensor] | None = None,
+               on_save: Callable[[int], None] | None = None) -> tuple[int, float]:
+    """The one training loop of the zoo recipes; returns (final step, last training loss, nan if none ran).
+
+    Resumes from ``run``'s ``last.pt`` (model, optimiser, RNG and the ``extra_state`` tensors, restored in
+    place), then until ``cfg.steps``: sets the cosine LR (``cfg.lr``, ``cfg.warmup``), calls
+    ``step_fn(step) -> (loss, logs)`` (the recipe's batch -- seeded by ``step`` -- forward and loss; ``logs``
+    holds numbers or 0-dim tensors), back-propagates, clips the gradient norm to ``clip`` and steps the
+    optimiser. Then, with ``step`` now counting the steps done: ``after_step(step)`` (work that must follow
+    the optimiser step, e.g. dead-code restarts; may return more logs), the progress bar (``bar``: label ->
+    format string over the logs, e.g. ``{"psnr": "{train_psnr:.1f}"}``), ``{"step", "loss", **logs}`` into
+    ``log.jsonl`` every ``log_every`` steps, and every ``cfg.save_every`` steps and at the end a checkpoint
+    (saved on the CPU) followed by ``on_save(step)`` (e.g. a periodic test-loss evaluation).
+    """
+    extra_state = extra_state or {}
+    bar = bar or {"loss": "{loss:.3f}"}
+    step, state = run.resume(model, opt, cfg.device)
+    if state is not None:
+        for k, t in extra_state.items():
+            t.copy_(state[k])
+    last_loss = float("nan")
+    pbar = tqdm(total=cfg.steps, initial=step, desc=desc, dynamic_ncols=True)
+    model.train()
+    while step < cfg.steps:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
+        loss, logs = step_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        step += 1
+        more = after_step(step) if after_step is not None else None
+        last_loss = loss.item()
+        logs = {"loss": last_loss, **{k: v.item() if isinstance(v, torch.Tensor) else v
+                                      for k, v in {**logs, **(more or {})}.items()}}
+        pbar.set_postfix({label: fmt.format(**logs) for label, fmt in bar.items()})
+        pbar.update(1)
+        if step % log_every == 0:
+            run.log({"step": step, **logs})
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            run.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, **extra_state,
+                      "rng": rng_state(cfg.device)})
+            if on_save is not None:
+                on_save(step)
+    pbar.close()
+    return step, last_loss
+
+
+def cached_codes(run: RunDir, tokenizer, split: str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` photo crops of a split encoded by ``tokenizer`` -> (codes int16 (n, L), labels int64 (n,)), on the
+    CPU; cached in the run folder as ``codes_<split>.pt`` (reused while it holds ``n`` crops)."""
+    path = run.path / f"codes_{split}.pt"
+    if path.exists():
+        d = torch.load(path, weights_only=True)
+        if d["codes"].shape[0] == n:
+            return d["codes"], d["labels"]
+    codes, labels = encode_split(tokenizer, split, n, seed)
+    buf = io.BytesIO()
+    torch.save({"codes": codes, "labels": labels}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    return codes, labels
+
+
+@torch.no_grad()
+def encode_split(tokenizer, split: str, n: int, seed: int, batch: int = 128, desc: str = "encode"):
+    """Encode ``n`` photo crops of a split into (codes int16 (n, L), labels int64 (n,)), on the CPU (the
+    tokenizer may sit on any device)."""
+    from vgen.data import photos, to_model_range
+    device = next(tokenizer.parameters()).device
+    data = photos(split, n, seed=seed)
+    codes = []
+    for i in tqdm(range(0, n, batch), desc=f"{desc} {split}", leave=False):
+        x = to_model_range(data.images[i:i + batch].to(device))
+        codes.append(tokenizer.encode_to_codes(x).to(torch.int16).cpu())
+    return torch.cat(codes), data.labels

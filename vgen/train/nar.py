@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from vgen.data import NUM_CLASSES
 from vgen.models.nar import NAR, NARConfig
+from vgen.train.common import recipe
 from vgen.train.gpt import GPTTrainConfig, train_gpt
 
 
@@ -23,5 +24,6 @@ class NARTrainConfig(GPTTrainConfig):
         medusa_attention_num=1))
 
 
+@recipe(NARTrainConfig)
 def train_nar(cfg: NARTrainConfig) -> dict:
     return train_gpt(cfg, model_cls=NAR, config_cls=NARConfig, export_name="nar.safetensors", desc="nar")

@@ -11,15 +11,14 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES, photos
 from vgen.eval.extractors import PhotoClassifier
-from vgen.train.common import RunDir, lr_at, rng_state
+from vgen.train.common import RecipeConfig, recipe, start_run, train_loop
 
 
 @dataclass
-class PhotoTrainConfig:
+class PhotoTrainConfig(RecipeConfig):
     out: str = "runs/photo-classifier"
     arch: str = "resnet10t"
     image_size: int = 64
@@ -29,18 +28,17 @@ class PhotoTrainConfig:
     warmup: int = 50
     weight_decay: float = 0.05
     label_smoothing: float = 0.1
-    seed: int = 0
     save_every: int = 100
     eval_n: int = 1024
-    threads: int = 0
 
 
 @torch.no_grad()
 def evaluate(model: PhotoClassifier, n: int = 1024, seed: int = 0, batch: int = 128) -> dict:
     """Held-out (test-region) accuracy, per class, and the confusion matrix."""
     model.eval()
+    device = next(model.parameters()).device
     data = photos("test", n, seed=seed, size=model.image_size)
-    preds = torch.cat([model(data.images[i:i + batch])[1].argmax(-1) for i in range(0, n, batch)])
+    preds = torch.cat([model(data.images[i:i + batch].to(device))[1].argmax(-1).cpu() for i in range(0, n, batch)])
     conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long)
     conf.index_put_((data.labels, preds), torch.ones_like(preds), accumulate=True)
     per_class = (conf.diag().float() / conf.sum(1).clamp_min(1)).tolist()
@@ -48,38 +46,24 @@ def evaluate(model: PhotoClassifier, n: int = 1024, seed: int = 0, batch: int = 
             "confusion": conf.tolist(), "eval_n": n}
 
 
+@recipe(PhotoTrainConfig)
 def train_photo(cfg: PhotoTrainConfig) -> dict:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    run = RunDir(cfg.out)
-    model = PhotoClassifier(cfg.arch, NUM_CLASSES, cfg.image_size)
+    run, device = start_run(cfg)
+    model = PhotoClassifier(cfg.arch, NUM_CLASSES, cfg.image_size).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    step, _ = run.resume(model, opt)
-    pbar = tqdm(total=cfg.steps, initial=step, desc="photo classifier", dynamic_ncols=True)
-    model.train()
-    while step < cfg.steps:
+
+    def step_fn(step):
         batch = photos("train", cfg.batch_size, seed=cfg.seed * 1_000_003 + step, size=cfg.image_size)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        _, logits = model(batch.images)
-        loss = F.cross_entropy(logits, batch.labels, label_smoothing=cfg.label_smoothing)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-        opt.step()
-        step += 1
-        acc = float((logits.argmax(-1) == batch.labels).float().mean())
-        pbar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{acc:.2f}")
-        pbar.update(1)
-        if step % 20 == 0:
-            run.log({"step": step, "loss": loss.item(), "train_accuracy": acc})
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            run.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng_state()})
-    pbar.close()
+        images, labels = batch.images.to(device), batch.labels.to(device)
+        _, logits = model(images)
+        acc = float((logits.argmax(-1) == labels).float().mean())
+        return F.cross_entropy(logits, labels, label_smoothing=cfg.label_smoothing), {"train_accuracy": acc}
+
+    step, _ = train_loop(cfg, model, opt, run, step_fn, desc="photo classifier", clip=2.0, log_every=20,
+                         bar={"loss": "{loss:.3f}", "acc": "{train_accuracy:.2f}"})
     with torch.no_grad():  # the zoo ships fp16 weights: measure the model that ships
         for t in model.state_dict().values():
             if t.is_floating_point():

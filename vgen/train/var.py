@@ -15,11 +15,11 @@ from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES
 from vgen.models.var import VAR, VARConfig
-from vgen.train.common import RunDir, autocast, lr_at, rng_state
+from vgen.train.common import RecipeConfig, autocast, cached_codes, recipe, start_run, train_loop
 
 
 @dataclass
-class VARTrainConfig:
+class VARTrainConfig(RecipeConfig):
     out: str = "runs/photos-var"
     tokenizer: str = "runs/photos-msvq/msvq.safetensors"
     steps: int = 800
@@ -28,11 +28,9 @@ class VARTrainConfig:
     weight_decay: float = 0.05
     warmup: int = 50
     precision: str = "fp32"
-    seed: int = 0
     n_train: int = 24000
     n_test: int = 512
     save_every: int = 50
-    threads: int = 0
     model: dict = field(default_factory=lambda: dict(
         vocab_size=1024, Cvae=16, depth=6, embed_dim=256, num_heads=4, num_classes=NUM_CLASSES,
         patch_nums=[1, 2, 3, 4, 6, 8, 11, 16], cond_drop_rate=0.1))
@@ -55,7 +53,7 @@ def test_loss(model: VAR, tokenizer, codes: torch.Tensor, labels: torch.Tensor, 
         logits = model(labels[i:i + batch], tokenizer.quantize.teacher_input(idx))
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.cat(idx, 1).reshape(-1),
                              reduction="none").view(logits.shape[0], -1)
-        per_scale += torch.stack([c.sum() for c in ce.split([p * p for p in pn], dim=1)])
+        per_scale += torch.stack([c.sum() for c in ce.split([p * p for p in pn], dim=1)]).cpu()
         n += logits.shape[0]
     model.train(was)
     counts = torch.tensor([p * p for p in pn], dtype=torch.float)
@@ -63,56 +61,41 @@ def test_loss(model: VAR, tokenizer, codes: torch.Tensor, labels: torch.Tensor, 
             "test_loss_per_scale": [round(float(x), 4) for x in per_scale / (n * counts)]}
 
 
+@recipe(VARTrainConfig)
 def train_var(cfg: VARTrainConfig) -> dict:
     from vgen.models import load_official
-    from vgen.train.gpt import _cached_codes
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    run = RunDir(cfg.out)
-    tokenizer = load_official("msvq", cfg.tokenizer).eval()
+    run, device = start_run(cfg, needs=((cfg.tokenizer, "multi-scale VQVAE", "msvq"),))
+    tokenizer = load_official("msvq", cfg.tokenizer, device=device).eval()
     for p in tokenizer.parameters():
         p.requires_grad_(False)
-    tr_codes, tr_labels = _cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed)
-    te_codes, te_labels = _cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1)
-    model = VAR(VARConfig(**cfg.model)).init_weights()
+    tr_codes, tr_labels = (t.to(device) for t in cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed))
+    te_codes, te_labels = (t.to(device) for t in cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1))
+    model = VAR(VARConfig(**cfg.model)).init_weights().to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "pos_" not in n and "emb" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "pos_" not in n and "emb" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
-    step, _ = run.resume(model, opt)
     g = torch.Generator()
-    pbar = tqdm(total=cfg.steps, initial=step, desc="var", dynamic_ncols=True)
-    model.train()
-    while step < cfg.steps:
+
+    def step_fn(step):
         g.manual_seed(cfg.seed * 1_000_003 + step)
         pick = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g)
         idx, y = _split(tr_codes[pick], model.patch_nums), tr_labels[pick]
         with torch.no_grad():
             x_in = tokenizer.quantize.teacher_input(idx)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
-        with autocast("cpu", cfg.precision):
+        with autocast(device, cfg.precision):
             logits = model(y, x_in)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), torch.cat(idx, 1).reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
-        opt.step()
-        step += 1
-        pbar.set_postfix(loss=f"{loss.item():.3f}")
-        pbar.update(1)
-        if step % 10 == 0:
-            run.log({"step": step, "loss": loss.item()})
-        if step % cfg.save_every == 0 or step == cfg.steps:
-            run.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng_state()})
-            if step % (cfg.save_every * 4) == 0 or step == cfg.steps:
-                tl = test_loss(model, tokenizer, te_codes, te_labels)
-                run.log({"step": step, **tl})
-                pbar.write(f"step {step}: test loss {tl['test_loss']:.4f} nats/token "
-                           f"(perplexity {math.exp(tl['test_loss']):.1f}); per scale {tl['test_loss_per_scale']}")
-    pbar.close()
-    metrics = {**test_loss(model, tokenizer, te_codes, te_labels), "train_loss_last": loss.item(), "steps": step}
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), torch.cat(idx, 1).reshape(-1)), {}
+
+    def on_save(step):
+        if step % (cfg.save_every * 4) == 0 or step == cfg.steps:
+            tl = test_loss(model, tokenizer, te_codes, te_labels)
+            run.log({"step": step, **tl})
+            tqdm.write(f"step {step}: test loss {tl['test_loss']:.4f} nats/token "
+                       f"(perplexity {math.exp(tl['test_loss']):.1f}); per scale {tl['test_loss_per_scale']}")
+
+    step, last_loss = train_loop(cfg, model, opt, run, step_fn, desc="var", clip=2.0, log_every=10, on_save=on_save)
+    metrics = {**test_loss(model, tokenizer, te_codes, te_labels), "train_loss_last": last_loss, "steps": step}
     run.log({"final": True, **metrics})
     run.export("var.safetensors", model.state_dict(), model.config_dict(),
                extra={"train": asdict(cfg), "metrics": metrics})

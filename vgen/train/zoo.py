@@ -37,7 +37,8 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     photos-gpt, same tokenizer, data and training budget)."""
     from vgen.models import load_official
     from vgen.pipeline import Pipeline
-    from vgen.train.gpt import encode_split, test_loss
+    from vgen.train.common import encode_split
+    from vgen.train.gpt import test_loss
     from vgen.train.vq import evaluate
 
     out = Path(out)
@@ -53,7 +54,7 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     gpt16 = load_official(kind, out / f"{kind}.safetensors")
     loss16 = test_loss(gpt16, codes, labels)
     card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
-            "generation": gpt.generation, "name": name, "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
+            "generation": str(gpt.order), "token_shape": list(gpt.token_shape), "name": name, "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
             "class_names": list(CLASS_NAMES), "image_size": 64,
             "sampling": sampling or (NAR_SAMPLING if kind == "nar" else DEFAULT_SAMPLING),
             "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],
@@ -72,7 +73,7 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     return card
 
 
-VAR_SAMPLING = {"cfg": 1.5, "top_k": 100, "temperature": 1.0, "kv_calibration": "scalekv.json"}
+VAR_SAMPLING = {"cfg_scale": 2.5, "top_k": 100, "temperature": 1.0, "kv_calibration": "scalekv.json"}
 
 
 def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dict | None = None,
@@ -80,9 +81,9 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     """A next-scale zoo pipeline: multi-scale VQVAE (fp32) + VAR (stored fp16, test loss measured both ways)."""
     from vgen.models import load_official
     from vgen.pipeline import Pipeline
-    from vgen.train.gpt import encode_split
-    from vgen.train.msvq import evaluate
+    from vgen.train.common import encode_split
     from vgen.train.var import test_loss
+    from vgen.train.vq import evaluate
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +98,7 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     var16 = load_official("var", out / "var.safetensors")
     loss16 = test_loss(var16, vae, codes, labels)
     card = {"model_kind": "var", "model": "var.safetensors", "tokenizer_kind": "msvq", "tokenizer": "msvq.safetensors",
-            "generation": "next-scale", "name": name, "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
+            "generation": str(var.order), "token_shape": list(var.token_shape), "name": name, "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
             "class_names": list(CLASS_NAMES), "image_size": 64, "patch_nums": var.patch_nums,
             "sampling": sampling or VAR_SAMPLING,
             "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],

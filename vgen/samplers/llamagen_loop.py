@@ -1,4 +1,5 @@
-"""The official LlamaGen ``generate()`` loop's per-step work, re-implemented for side-by-side timing.
+"""The official LlamaGen ``generate()`` loop's per-step work, re-implemented for side-by-side timing: the hidden
+sampler ``llamagen-loop`` (``vgen bench`` runs it as the baseline; ``list_samplers(include_hidden=True)`` names it).
 
 It drives the same weights (a vgen ``GPT``) the way the official code does, so ``vgen bench`` can report
 vgen's speed as a ratio against it in one run: caches allocated per call (length rounded up to a multiple
@@ -6,14 +7,20 @@ of 8) with a materialised (B, T, T) causal mask; per step the token is duplicate
 the mask row is gathered, keys/values are written by index assignment, then copied by
 ``repeat_interleave`` before attention, the logits go through boolean-index top-k filtering, softmax and
 ``torch.multinomial``, and every token and probability row is cloned into a Python list.
-Not a sampler: its randomness comes from the global generator, like the original.
+Its randomness comes from the global generator, like the original, seeded with the first sample's seed per
+batch: it is neither batch-invariant nor meant for sampling.
 """
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from vgen.kernels.kv_cache import KVCache
 from vgen.models.gpt import GPT, apply_rope
+from vgen.samplers.base import Sampler, TokenOptions, option, register_sampler
 
 
 def _filter_sample(logits, temperature, top_k, top_p):
@@ -104,3 +111,31 @@ def llamagen_generate(model: GPT, cond: torch.Tensor, cfg_scale: float = 1.0, cf
         probs.append(p.clone())
         tok = tok.view(-1, 1)
     return torch.cat(out, dim=1)
+
+
+@dataclass
+class LoopOptions(TokenOptions):
+    cfg_interval: int = option(-1, "guide only the first cfg_interval+1 tokens (-1 = every token; LlamaGen's)")
+
+
+@register_sampler
+class LlamaGenLoop(Sampler):
+    """The official loop as a (hidden) sampler: same call and stats as the others, so a benchmark times it like
+    any other cell."""
+    name = "llamagen-loop"
+    Options = LoopOptions
+    hidden = True
+
+    def _sample(self, model, cond, seeds, progress, codebook=None):
+        o = self.options
+        torch.manual_seed(seeds[0])
+        t0 = time.perf_counter()
+        tokens = llamagen_generate(model, cond, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
+                                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+        c, L = model.config, model.seq_len
+        rows = 2 * len(cond) if o.cfg_scale > 1.0 else len(cond)
+        max_len = c.cls_token_num + L + (-(c.cls_token_num + L)) % 8  # the official loop rounds up to 8
+        kv = KVCache.nbytes_for(c.n_layer, rows, c.n_kv_head or c.n_head, max_len, c.head_dim,
+                                model.tok_embeddings.weight.dtype)
+        return tokens, {"forward_passes": L, "tokens": len(cond) * L, "seconds": time.perf_counter() - t0,
+                        "kv_cache_bytes": kv, "accepted_per_step": 1.0}

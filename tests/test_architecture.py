@@ -1,0 +1,148 @@
+"""The architecture's promises: a sampler defined in one file reaches the registry, the CLI's config group, the
+demo's widgets and the fit checks with no other change; interfaces are Protocols the models satisfy; no module
+imports another's private names; vgen/eval never imports vgen/train."""
+import ast
+import dataclasses
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from vgen.errors import VGenError
+
+REPO = Path(__file__).resolve().parents[1]
+
+GREEDY = textwrap.dedent('''
+    import time
+    from dataclasses import dataclass
+
+    import torch
+
+    from vgen.samplers.base import Sampler, TokenOptions, option, register_sampler
+
+
+    @dataclass
+    class GreedyOptions(TokenOptions):
+        warmup: int = option(0, "tokens drawn by sampling before going greedy")
+
+
+    @register_sampler
+    class GreedySampler(Sampler):
+        name = "greedy-test"
+        Options = GreedyOptions
+
+        def _sample(self, model, cond, seeds, progress, codebook=None):
+            B, L = cond.shape[0], model.seq_len
+            cache = model.new_cache(B)
+            logits = model.prefill(cond, cache)
+            out = torch.empty(B, L, dtype=torch.long)
+            for t in range(L):
+                out[:, t] = logits.argmax(-1)
+                if t + 1 < L:
+                    logits = model.decode(out[:, t:t + 1], torch.tensor([model.cond_len + t]), cache)[:, -1]
+            return out, {"forward_passes": L, "tokens": B * L, "seconds": 0.0, "kv_cache_bytes": cache.nbytes,
+                         "step_map": torch.arange(L).expand(B, L).clone()}
+''')
+
+
+@pytest.fixture
+def greedy_module(tmp_path, monkeypatch):
+    (tmp_path / "vgen_greedy_plugin.py").write_text(GREEDY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    mod = importlib.import_module("vgen_greedy_plugin")
+    yield mod
+    from vgen.samplers import base
+    base._SAMPLERS.pop("greedy-test", None)  # noqa: SLF001  (the test cleans up what it registered)
+    sys.modules.pop("vgen_greedy_plugin", None)
+
+
+def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, tiny_pipeline, tiny_nar):
+    import vgen
+    from vgen.configs import sampler_schema
+    from vgen.demo import option_fields
+    from vgen.interfaces import fitting_samplers
+    from vgen.pipeline import read_card
+    assert "greedy-test" in vgen.list_samplers()
+    assert "greedy-test" in fitting_samplers(tiny_gpt) and "greedy-test" not in fitting_samplers(tiny_nar)
+    assert "greedy-test" in fitting_samplers(read_card(str(tiny_pipeline)))
+    node = sampler_schema(vgen.samplers.sampler_class("greedy-test"))
+    assert {f.name for f in dataclasses.fields(node)} == {"name", "temperature", "top_k", "top_p", "cfg_scale",
+                                                          "warmup"}
+    assert "warmup" in option_fields()
+    pipe = vgen.load_pipeline(str(tiny_pipeline))
+    gen = pipe.generate([1, 2], sampler="greedy-test", cfg_scale=1.0)
+    with torch.no_grad():
+        want = pipe.model(gen.tokens, torch.tensor([1, 2])).argmax(-1)  # teacher forcing agrees with greedy
+    assert torch.equal(gen.tokens, want)
+    with pytest.raises(VGenError, match="warmup"):
+        pipe.generate([1], sampler="greedy-test", warmup=float("nan"))
+    with pytest.raises(VGenError, match="next-neighbour model: use one of nar"):
+        vgen.samplers.get_sampler("greedy-test").validate(tiny_nar)
+
+
+def test_models_satisfy_their_order_protocol(tiny_gpt, tiny_nar, tiny_var, tiny_vq, tiny_msvq):
+    from vgen.interfaces import (ModelSpec, NextNeighbourModel, NextScaleModel, NextTokenModel, Order, Tokenizer,
+                                 plain_sampler)
+    for model, proto, order, plain in ((tiny_gpt, NextTokenModel, Order.NEXT_TOKEN, "ar"),
+                                       (tiny_nar, NextNeighbourModel, Order.NEXT_NEIGHBOUR, "nar"),
+                                       (tiny_var, NextScaleModel, Order.NEXT_SCALE, "var")):
+        assert isinstance(model, proto) and model.order == order and plain_sampler(model) == plain
+        spec = ModelSpec.of(model)
+        assert spec.token_type.kind == "codes" and spec.vocab_size == model.vocab_size
+        assert model.seq_len == int(torch.tensor(model.token_shape).prod())
+    assert not isinstance(tiny_var, NextTokenModel)
+    for tok in (tiny_vq, tiny_msvq):
+        assert isinstance(tok, Tokenizer)
+
+
+def test_tokenizers_round_trip_on_their_own_grid(tiny_vq, tiny_msvq):
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        codes = tiny_vq.encode(x)
+        assert codes.shape == (2, 8, 8) and codes.dtype == torch.int64
+        img = tiny_vq.decode(codes)
+        assert img.shape == (2, 3, 16, 16)
+        torch.testing.assert_close(img, tiny_vq.decode_codes(codes.flatten(1)))  # flat and grid forms agree
+        side = tiny_msvq.patch_nums[-1] * tiny_msvq.config.downsample
+        pyr = tiny_msvq.encode(torch.rand(2, 3, side, side) * 2 - 1)
+        assert pyr.shape == (2, sum(p * p for p in tiny_msvq.patch_nums))
+        assert tiny_msvq.decode(pyr).shape == (2, 3, side, side)
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+
+
+def test_no_module_imports_another_modules_private_names():
+    bad = []
+    for path in (REPO / "vgen").rglob("*.py"):
+        for module, names in _imports(path):
+            if module.startswith("vgen"):
+                bad += [f"{path.relative_to(REPO)}: from {module} import {n}" for n in names
+                        if n.startswith("_") and not n.startswith("__")]
+    assert not bad, bad
+
+
+def test_eval_does_not_import_train():
+    bad = [f"{p.relative_to(REPO)}: {m}" for p in (REPO / "vgen" / "eval").rglob("*.py")
+           for m, _ in _imports(p) if m.startswith("vgen.train")]
+    assert not bad, bad
+
+
+def test_importing_any_module_first_works():
+    """Kinds register where they are defined: importing any one module first must not hit an import cycle."""
+    mods = ["vgen.tokenizers.vq", "vgen.tokenizers.msvq", "vgen.models.var", "vgen.train.recipes"]
+    for m in mods:
+        r = subprocess.run([sys.executable, "-c", f"import {m}; import vgen.models as M; print(M.list_kinds())"],
+                           capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 0 and "gpt" in r.stdout, (m, r.stderr[-500:])

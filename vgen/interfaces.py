@@ -1,0 +1,202 @@
+"""The interfaces between vgen's parts, written down. Read this module first.
+
+A generative model has a **generation order** (:class:`Order`): how its tokens come into being. A sampler drives
+exactly one order and touches a model only through that order's Protocol below, never through its class; a
+tokenizer turns pixels into the model's tokens and back. Every question "which samplers fit this model" is
+answered by :func:`fitting_samplers` / :func:`check_fits` on a :class:`ModelSpec`, which can be read from a model
+or from a pipeline card (so a wrong choice is refused before any weights load).
+
+    config --> Pipeline (card + model + tokenizer) --> Sampler(options) --> model (one Protocol) --> tokens
+           --> tokenizer.decode(tokens on the model's token_shape) --> pixels --> Generation.save(folder)
+
+Tokens: ``token_shape`` is the shape of one sample's tokens as its tokenizer reads them ((h, w) for an image
+grid, (t, h, w) for a video, (L,) for VAR's flat pyramid of scales); ``token_type`` says whether they are codes
+(int64 ids into a vocabulary) or latents (float vectors with a channel count). Samplers hold tokens flat,
+(B, prod(token_shape)) in raster order; the pipeline reshapes them for the tokenizer.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from vgen.errors import VGenError
+
+if TYPE_CHECKING:
+    from vgen.kernels.kv_cache import KVCache
+    from vgen.kernels.staged_cache import CachePolicy, StagedKVCache
+
+
+class Order(str, enum.Enum):
+    """How a model generates: the interface its samplers drive."""
+    NEXT_TOKEN = "next-token"          # one token after another in raster order (LlamaGen GPT): NextTokenModel
+    NEXT_SCALE = "next-scale"          # a whole token map per scale, coarse to fine (VAR): NextScaleModel
+    NEXT_NEIGHBOUR = "next-neighbour"  # one anti-diagonal of the grid per pass (NAR): NextNeighbourModel
+    CONTINUOUS_NEXT_TOKEN = "continuous-next-token"  # float latents, one per step, from a diffusion head (reserved)
+    MASKED = "masked"                  # any subset of positions per step, e.g. MAR (reserved)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class TokenType:
+    """``codes``: int64 ids in [0, vocab_size). ``latents``: float vectors of ``channels`` values."""
+    kind: str
+    vocab_size: int | None = None
+    channels: int | None = None
+
+    @classmethod
+    def codes(cls, vocab_size: int) -> TokenType:
+        return cls("codes", vocab_size=int(vocab_size))
+
+    @classmethod
+    def latents(cls, channels: int) -> TokenType:
+        return cls("latents", channels=int(channels))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.int64 if self.kind == "codes" else torch.float32
+
+
+# ---- models ---------------------------------------------------------------------------------------------------
+@runtime_checkable
+class GenerativeModel(Protocol):
+    """What every model offers, whatever its order."""
+    order: Order
+    num_classes: int
+    seq_len: int                     # tokens per sample = prod(token_shape)
+    token_shape: tuple[int, ...]     # one sample's tokens as the tokenizer reads them
+    token_type: TokenType
+
+    def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
+        """The unconditional counterpart of ``cond`` for classifier-free guidance (rows [cond; uncond])."""
+
+
+@runtime_checkable
+class NextTokenModel(GenerativeModel, Protocol):
+    """Raster-order next-token prediction over a static KV cache whose slots are positions (rollback is free)."""
+    vocab_size: int
+    cond_len: int                    # condition positions before image token 0
+
+    def new_cache(self, batch_size: int) -> KVCache: ...
+
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Condition (B,) -> logits (B, V) for token 0; fills the cache's condition slots."""
+
+    def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens (B, S) at positions (S,) or (B, S) (token i at cond_len + i) -> logits (B, S, V), each the
+        next-token distribution after its input."""
+
+
+@runtime_checkable
+class NextNeighbourModel(GenerativeModel, Protocol):
+    """Next-neighbour prediction (NAR): each head predicts one neighbour, one step along one grid axis."""
+    vocab_size: int
+    cond_len: int
+    neighbour_offsets: tuple[tuple[int, ...], ...]
+
+    def new_cache(self, batch_size: int) -> KVCache: ...
+
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+    def decode_neighbours(self, tokens: torch.Tensor, input_pos: torch.Tensor,
+                          cache: KVCache) -> tuple[torch.Tensor, ...]:
+        """Tokens (B, S) under the proximity mask -> one (B, S, V) logits tensor per neighbour offset."""
+
+
+@runtime_checkable
+class NextScaleModel(GenerativeModel, Protocol):
+    """Next-scale prediction (VAR): every token of a scale at once from the coarser scales."""
+    vocab_size: int
+    patch_nums: list[int]
+
+    def new_cache(self, batch_size: int, policy: CachePolicy | None = None) -> StagedKVCache: ...
+
+    def scale_logits(self, si: int, cond: torch.Tensor, x: torch.Tensor | None,
+                     cache: StagedKVCache) -> torch.Tensor:
+        """Scale ``si``'s logits (B, pn*pn, V) from the cache and this scale's input (None for the first)."""
+
+    def start_fhat(self, batch_size: int) -> torch.Tensor: ...
+
+    def next_scale_input(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor): ...
+
+
+# ---- tokenizers -----------------------------------------------------------------------------------------------
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Pixels in [-1, 1] (B, 3, H, W) <-> tokens (B, *token_shape) for its own grid."""
+
+    def encode(self, pixels: torch.Tensor) -> torch.Tensor: ...
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...
+
+
+# ---- what a sampler needs to know about a model, from the model or from its card -------------------------------
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts samplers check their options against: read from a loaded model or from a pipeline card, so the
+    same check runs before weights load and after."""
+    order: Order
+    num_classes: int
+    token_type: TokenType
+    token_shape: tuple[int, ...] | None = None
+    name: str = "this model"
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.token_type.vocab_size
+
+    @classmethod
+    def of(cls, model_or_card) -> ModelSpec:
+        if isinstance(model_or_card, ModelSpec):
+            return model_or_card
+        if isinstance(model_or_card, dict):
+            return cls.from_card(model_or_card)
+        m = model_or_card
+        return cls(Order(m.order), int(m.num_classes), m.token_type, tuple(m.token_shape), type(m).__name__)
+
+    @classmethod
+    def from_card(cls, card: dict) -> ModelSpec:
+        order = Order(card.get("generation", Order.NEXT_TOKEN))
+        if card.get("token_kind", "codes") == "latents":
+            tt = TokenType.latents(card["latent_channels"])
+        else:
+            tt = TokenType.codes(card["vocab_size"]) if "vocab_size" in card else TokenType("codes")
+        shape = tuple(card["token_shape"]) if card.get("token_shape") else None
+        from pathlib import Path
+        name = card.get("name") or Path(card.get("_folder", "?")).name
+        return cls(order, int(card.get("num_classes", 0)), tt, shape, f"this model ({name})")
+
+
+def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
+    """Names of the registered samplers that drive this model's order."""
+    from vgen.samplers.base import sampler_class, list_samplers
+    order = ModelSpec.of(model_or_card).order
+    return [n for n in list_samplers(include_hidden) if sampler_class(n).order == order]
+
+
+def check_fits(sampler: str, model_or_card) -> None:
+    """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
+    from vgen.samplers.base import sampler_class
+    spec = ModelSpec.of(model_or_card)
+    cls = sampler_class(sampler)
+    if cls.order != spec.order:
+        raise VGenError(f"sampler {sampler!r} does {cls.order} generation but {spec.name} is a {spec.order} model: "
+                        f"use one of {', '.join(fitting_samplers(spec))}")
+
+
+def plain_sampler(model_or_card) -> str:
+    """The model's plain sampler (``ar``, ``var``, ``nar``): what runs when none is named, the baseline others
+    are compared to."""
+    from vgen.samplers.base import sampler_class, list_samplers
+    order = ModelSpec.of(model_or_card).order
+    for n in list_samplers(include_hidden=True):
+        c = sampler_class(n)
+        if c.order == order and c.plain:
+            return n
+    raise VGenError(f"no sampler is registered for {order} models")
+

@@ -1,0 +1,143 @@
+"""Sampling jobs (``vgen sample``): sharded over torchrun ranks by global sample index, resumable, every file
+written atomically.
+
+Sample i always has label ``labels[i % len(labels)]`` and seed ``seed + i``, so which process draws it, in which
+batch, and whether the job was killed and rerun never changes its bytes. The output folder holds
+
+    000000.png ...      one file per sample (``Generation.save``)
+    run.json            the settings that define the samples: a rerun with other settings is refused
+    .parts/*.json       the stats of each finished batch (schema: ``vgen.stats``), merged into
+    stats.json          by rank 0 at the end, with grid.png (the first samples)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vgen.errors import VGenError
+from vgen.stats import merge_stats, numeric
+
+GRID_MAX = 256  # grid.png shows at most this many samples
+
+
+@dataclass
+class SampleJob:
+    model: str                       # zoo name or pipeline folder
+    sampler: str | None = None       # None: the model's plain sampler
+    options: dict = dataclasses.field(default_factory=dict)  # sampler options (None values: card / default)
+    labels: list[int] | None = None  # cycled over the samples; None: every class
+    num_samples: int = 16
+    seed: int = 0
+    batch_size: int = 8
+    outdir: str = "samples"
+    device: str = "cpu"
+    grid_nrow: int = 8
+    progress: bool = True
+
+    def plan(self) -> tuple[dict, str, dict, list[int]]:
+        """Everything checked before any weights load: (card, sampler name, resolved options, per-sample labels)."""
+        from vgen.interfaces import plain_sampler
+        from vgen.pipeline import read_card, resolve_sampler
+        card = read_card(self.model)
+        name = self.sampler or plain_sampler(card)
+        opts = dataclasses.asdict(resolve_sampler(card, name, **self.options).options)
+        if self.num_samples < 1:
+            raise VGenError(f"num_samples must be >= 1, got {self.num_samples}")
+        if self.batch_size < 1:
+            raise VGenError(f"batch_size must be >= 1, got {self.batch_size}")
+        n_cls = int(card["num_classes"])
+        base = list(self.labels) if self.labels is not None else list(range(n_cls))
+        if not base:
+            raise VGenError("labels is empty: give class ids, e.g. labels=[0,3], or labels=null for every class")
+        for c in base:
+            if not 0 <= int(c) < n_cls:
+                raise VGenError(f"class id {c} out of range: this model has classes 0..{n_cls - 1}")
+        return card, name, opts, [int(base[i % len(base)]) for i in range(self.num_samples)]
+
+    def run(self, out: Path | None = None) -> dict | None:
+        """Draw the missing samples into ``out`` (default ``outdir``); rank 0 returns the merged stats."""
+        from tqdm.auto import tqdm
+
+        from vgen import distributed as vd
+        from vgen.io import atomic_write_json, make_grid, read_pngs, save_png
+        from vgen.pipeline import Pipeline
+
+        _, name, opts, labels = self.plan()
+        out = Path(out or self.outdir)
+        n = len(labels)
+        run_key = {"model": self.model, "sampler": name, "options": opts, "seed": self.seed,
+                   "labels": None if self.labels is None else [int(c) for c in self.labels]}
+        t_start = time.perf_counter()
+        with vd.process_group(self.device) as (rank, world, device):
+            todo = prepare_outdir(out, run_key, n) if rank == 0 else None  # one view, shared before any write
+            todo = vd.broadcast(todo)
+            mine = todo[rank::world]
+            pipe = Pipeline.from_pretrained(self.model, device=device)
+            shard = f" [rank {rank}/{world}]" if world > 1 else ""
+            bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="img", disable=not self.progress)
+            for k in range(0, len(mine), self.batch_size):
+                idx = mine[k:k + self.batch_size]
+                gen = pipe.generate([labels[i] for i in idx], sampler=name, seeds=[self.seed + i for i in idx], **opts)
+                gen.save(out, idx)
+                atomic_write_json(out / ".parts" / f"{idx[0]:06d}-{len(idx)}-r{rank}.json",
+                                  {"indices": idx, **numeric(gen.stats)})
+                bar.update(len(idx))
+            bar.close()
+            vd.barrier()
+            summary = None
+            if rank == 0:
+                summary = {**merged_parts(out, n), **run_key, "num_samples": n, "labels": labels, "processes": world,
+                           "generated_now": len(todo), "skipped": n - len(todo),
+                           "wall_seconds": time.perf_counter() - t_start}
+                files = [out / f"{i:06d}.png" for i in range(min(n, GRID_MAX))]
+                save_png(out / "grid.png", make_grid(read_pngs(files), nrow=self.grid_nrow))
+                atomic_write_json(out / "stats.json", summary)
+                extra = (f", {summary['accepted_per_step']:.2f} tokens per pass per sample"
+                         if "accepted_per_step" in summary else "")
+                resumed = f" ({n - len(todo)} already on disk)" if len(todo) < n else ""
+                procs = f" on {world} processes" if world > 1 else ""
+                print(f"wrote {n} images{resumed}, grid.png and stats.json to {out}{procs} "
+                      f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes{extra})")
+            vd.barrier()
+        return summary
+
+
+def prepare_outdir(out: Path, run_key: dict, n: int) -> list[int]:
+    """Check the folder holds this run (or nothing), drop temp files of a killed run, list missing indices."""
+    from vgen.io import atomic_write_json
+    out.mkdir(parents=True, exist_ok=True)
+    key_file = out / "run.json"
+    want = json.loads(json.dumps(run_key))
+    if key_file.exists():
+        old = json.loads(key_file.read_text())
+        if old != want:
+            diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k))
+            raise VGenError(f"{out} holds samples of another run (differs in {', '.join(diff)}): resume with the "
+                            "same settings, or choose a new outdir")
+    elif any(out.glob("[0-9][0-9][0-9][0-9][0-9][0-9].png")):
+        raise VGenError(f"{out} already holds numbered PNGs from an unknown run: choose a new outdir")
+    atomic_write_json(key_file, run_key)
+    for tmp in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
+        tmp.unlink(missing_ok=True)  # left by a killed writer; the final names are never partial
+    return [i for i in range(n) if not (out / f"{i:06d}.png").exists()]
+
+
+def merged_parts(out: Path, n: int) -> dict:
+    """The stats of every finished batch on disk (this run and earlier, resumed ones) for indices < n, merged
+    with the one stats schema; ``samples_with_stats`` says how many samples they cover."""
+    parts, seen = [], set()
+    for f in sorted((out / ".parts").glob("*.json")):
+        p = json.loads(f.read_text())
+        idx = p.pop("indices")
+        if all(i < n and i not in seen for i in idx):
+            parts.append((p, len(idx)))
+            seen.update(idx)
+    if not parts:
+        return {"samples_with_stats": 0, "forward_passes": 0, "tokens": 0, "seconds": 0.0}
+    m = merge_stats(parts)
+    m["samples_with_stats"] = m.pop("num_samples")
+    m["ms_per_token"] = 1e3 * m["seconds"] / m["tokens"]
+    return m

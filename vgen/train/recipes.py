@@ -1,0 +1,10 @@
+"""Every zoo recipe (importing this registers them all with ``vgen.train.common.recipe``)."""
+from vgen.train.gpt import GPTTrainConfig, train_gpt
+from vgen.train.msvq import MSVQTrainConfig, train_msvq
+from vgen.train.nar import NARTrainConfig, train_nar
+from vgen.train.photo import PhotoTrainConfig, train_photo
+from vgen.train.var import VARTrainConfig, train_var
+from vgen.train.vq import VQTrainConfig, train_vq
+
+__all__ = ["GPTTrainConfig", "MSVQTrainConfig", "NARTrainConfig", "PhotoTrainConfig", "VARTrainConfig", "VQTrainConfig",
+           "train_gpt", "train_msvq", "train_nar", "train_photo", "train_var", "train_vq"]
