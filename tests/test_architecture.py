@@ -139,6 +139,7 @@ def test_eval_does_not_import_train():
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_importing_any_module_first_works():
     """Kinds register where they are defined: importing any one module first must not hit an import cycle."""
     mods = ["vgen.tokenizers.vq", "vgen.tokenizers.msvq", "vgen.models.var", "vgen.train.recipes"]

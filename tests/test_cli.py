@@ -134,8 +134,9 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     assert max(peaks.values()) <= rep["peak_rss_mb"] + 16 and rep["peak_rss_mb"] <= child_peak_mb + 16
     bare = subprocess.run([sys.executable, "-c", "import os, torch; print(int(open('/proc/self/statm').read().split()[1])"
                            " * os.sysconf('SC_PAGE_SIZE') / 2 ** 20)"], capture_output=True, text=True)
+    assert bare.returncode == 0, bare.stderr
     torch_mb = float(bare.stdout)
-    assert bare.returncode == 0 and torch_mb > 100, bare.stderr
+    assert torch_mb > 100, torch_mb
     assert min(peaks.values()) > 0.8 * torch_mb, (peaks, torch_mb)
     base = next(row for row in rep["rows"] if row["sampler"] == "llamagen-loop")
     assert "fid_photo" not in base  # the official loop's own RNG: no paired samples to score

@@ -13,6 +13,8 @@ import torch
 
 from vgen.errors import VGenError
 
+from guards import needs_zoo
+
 gr = pytest.importorskip("gradio")
 
 
@@ -28,6 +30,7 @@ def demo():
     return Demo()
 
 
+@needs_zoo("photos-gpt")
 def test_race_runs_ar_as_baseline_and_reports_speed(demo):
     res = demo.race("photos-gpt", None, "3: cat", 5, ["sjd"], {"window": 4, "init": "vertical", "top_k": 50})
     assert [r["sampler"] for r in res] == ["ar", "sjd"]
@@ -60,11 +63,13 @@ def test_heatmap_shows_the_decode_step(demo):
     (("photos-gpt", None, 0, 0, ["warp"]), "unknown sampler"),
     (("local folder...", "/etc", 0, 0, ["ar"]), "outside the folders this demo serves"),
 ])
+@needs_zoo("photos-gpt")
 def test_bad_input_gives_clear_errors(demo, args, msg):
     with pytest.raises(VGenError, match=msg):
         demo.race(*args, {})
 
 
+@needs_zoo("photos-gpt")
 def test_bad_option_values_fail_before_sampling(demo):
     with pytest.raises(VGenError, match="temperature"):
         demo.race("photos-gpt", None, 0, 0, ["ar"], {"temperature": -1.0})
@@ -94,6 +99,7 @@ def server():
     app.close()
 
 
+@needs_zoo("photos-gpt")
 def test_gradio_client_generate_endpoint_returns_the_png(server):
     from gradio_client import Client
     from PIL import Image
@@ -109,6 +115,7 @@ def test_gradio_client_generate_endpoint_returns_the_png(server):
         client.predict(99, 0, "ar", api_name="/generate")  # the UI error reaches the client, no traceback
 
 
+@needs_zoo("photos-gpt")
 def test_gradio_client_race_endpoint(server):
     from gradio_client import Client
     from vgen.demo import option_fields
@@ -131,6 +138,7 @@ def chromium() -> str:
     return exe
 
 
+@needs_zoo("photos-gpt")
 @pytest.mark.slow
 def test_browser_renders_the_controls(server, tmp_path):
     exe = chromium()
@@ -158,6 +166,7 @@ def gradio_config(page: str) -> dict:
     return json.JSONDecoder().raw_decode(page, page.index(marker) + len(marker))[0]
 
 
+@needs_zoo("photos-gpt")
 @pytest.mark.slow
 def test_vgen_demo_command_serves_the_app(tmp_path):
     import time

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
+from guards import needs_zoo
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
+pytestmark = needs_zoo("photos-gpt")  # `vgen sample` without model= samples the zoo
 ZOO_ARGS = ["num_samples=12", "seed=3", "progress=false"]
 
 
