@@ -73,12 +73,19 @@ def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
     (["sampler.top_p=0"], "top_p must be in (0, 1]"),
     (["sampler.cfg_scale=-1"], "cfg_scale must be >= 0"),
     (["num_samples=0"], "num_samples must be >= 1"),
+    (["sampler.temperature=nan"], "temperature must be a finite number"),
+    (["seed=-1"], "seed must be a whole number in 0.."),
+    (["device=cuda:7"], "device='cuda:7'"),
 ])
-def test_bad_input_one_line_error(tiny_pipeline, tmp_path, args, msg):
+def test_bad_input_one_line_error(tiny_pipeline, tmp_path, args, msg, capsys):
+    """In process (the same main() the command runs; a subprocess per case would cost 2 s of imports each):
+    exit code 2, the message, one line, nothing written. test_bad_input_in_a_real_process covers the process."""
+    from vgen.cli import main
     extra = [] if args[0].startswith("model=") else [f"model.path={tiny_pipeline}"]
-    r = run(["sample", *extra, *args, f"outdir={tmp_path / 'x'}"], tmp_path)
-    assert r.returncode == 2
-    err = r.stderr.strip()
+    with pytest.raises(SystemExit) as e:
+        main(["sample", *extra, *args, f"outdir={tmp_path / 'x'}", "progress=false"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
     assert msg in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "x" / "stats.json").exists()
@@ -99,6 +106,7 @@ def test_checkpoint_for_another_architecture(tiny_pipeline, tmp_path):
     assert r.returncode == 2 and "load_official('vq'" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_help_and_unknown_command(tmp_path):
     r = run(["--help"], tmp_path)
     assert r.returncode == 0 and "sample" in r.stdout and "ar" in r.stdout
@@ -142,6 +150,7 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     assert "fid_photo" not in base  # the official loop's own RNG: no paired samples to score
 
 
+@pytest.mark.slow
 def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
     r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window=1"]', f"outdir={tmp_path}"], tmp_path)
     assert r.returncode == 2 and "window must be >= 2" in r.stderr
@@ -149,3 +158,9 @@ def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
     assert r.returncode == 2 and "name:key=value" in r.stderr
     r = run(["bench", f"models=[{tiny_pipeline}]", "fid_samples=1", f"outdir={tmp_path}"], tmp_path)
     assert r.returncode == 2 and "fid_samples must be 0 (off) or >= 2" in r.stderr
+
+
+def test_bad_input_in_a_real_process(tiny_pipeline, tmp_path):
+    r = run(["sample", f"model.path={tiny_pipeline}", "seed=-1", f"outdir={tmp_path / 'x'}"], tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith("vgen sample: error: seed must be a whole number")
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

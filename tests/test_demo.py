@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from vgen.errors import VGenError
-
 from guards import needs_zoo
+
 
 gr = pytest.importorskip("gradio")
 

@@ -161,6 +161,14 @@ def test_image_inputs_folder_npz_array(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(VGenError, match="no images"):
         load_images(tmp_path / "empty")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "000000.png").write_bytes(b"not an image")  # a file named .png that is not one
+    with pytest.raises(VGenError, match="000000.png is not a readable image"):
+        load_images(bad)
+    (tmp_path / "cut.npz").write_bytes(npz.read_bytes()[:50])  # a truncated .npz
+    with pytest.raises(VGenError, match="not a readable .npz"):
+        load_images(tmp_path / "cut.npz")
 
 
 @pytest.mark.slow

@@ -121,5 +121,28 @@ def test_weights_only_loading_refuses_pickled_code(tmp_path):
     path = tmp_path / "evil.pt"
     with open(path, "wb") as f:
         pickle.dump({"model": Evil()}, f)
-    with pytest.raises(VGenError, match="weights_only"):
+    with pytest.raises(VGenError, match="holds pickled Python objects.*will not be loaded") as e:
         load_official("gpt", path)
+    assert "\n" not in str(e.value) and "weights_only=False" not in str(e.value)  # one line, no unsafe advice
+
+
+def test_corrupt_and_disguised_checkpoints_give_one_line(tmp_path, capsys):
+    """A truncated safetensors file, a pickle renamed .safetensors, a truncated torch file: one line each."""
+    import pickle
+
+    from vgen.io import save_safetensors
+    from vgen.models import build
+    m = build("gpt", dim=64, n_layer=1, n_head=2, vocab_size=16, num_classes=2, block_size=4)
+    good = tmp_path / "good.safetensors"
+    save_safetensors(m.state_dict(), good)
+    (tmp_path / "cut.safetensors").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    (tmp_path / "pickle.safetensors").write_bytes(pickle.dumps({"a": 1}))
+    torch.save(m.state_dict(), tmp_path / "full.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "full.pt").read_bytes()[:100])
+    for name, msg in (("cut.safetensors", "not a readable safetensors file"),
+                      ("pickle.safetensors", "not a readable safetensors file"),
+                      ("cut.pt", "not a readable torch checkpoint")):
+        with pytest.raises(VGenError, match=msg) as e:
+            load_official("gpt", tmp_path / name, n_head=2)
+        assert "\n" not in str(e.value), name
+    assert load_official("gpt", good, n_head=2).config.n_layer == 1

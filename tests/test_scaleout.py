@@ -83,6 +83,7 @@ def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_pa
     assert st["skipped"] >= done and st["num_samples"] == 12
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_indices_and_refuses_another_run(tiny_pipeline, tmp_path):
     out = tmp_path / "o"
     base = ["sample", f"model.path={tiny_pipeline}", "seed=2", f"outdir={out}", "progress=false", "batch_size=3"]

@@ -46,6 +46,7 @@ def test_sjd_matches_exact_distribution(micro, init, window, fresh_q):
     assert st["accepted_per_step"] > 1.0 and 0 < st["acceptance_rate"] <= 1
 
 
+@pytest.mark.slow
 def test_sjd_exact_on_a_3x3_grid_with_vertical_drafts():
     from vgen.models import build
     torch.manual_seed(5)

@@ -12,6 +12,7 @@ TINY_VQ = dict(codebook_size=32, codebook_embed_dim=8, codebook_l2_norm=True, en
                decoder_ch_mult=[1, 2, 2], z_channels=32, ch=32, num_res_blocks=1)
 
 
+@pytest.mark.slow
 def test_vq_and_gpt_recipes_run_resume_and_export(tmp_path):
     vq_cfg = VQTrainConfig(out=str(tmp_path / "vq"), steps=3, batch_size=4, save_every=2, eval_n=8,
                            restart_every=2, model=TINY_VQ)

@@ -1,11 +1,11 @@
 """The embedded next-scale zoo model: ships, loads, samples deterministically, is class-conditional, and its
 shipped ScaleKV calibration drives compressed sampling."""
 import pytest
-from guards import needs_zoo
 import torch
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
+from guards import needs_zoo
 
 pytestmark = needs_zoo("photos-var")
 

@@ -80,13 +80,8 @@ class Demo:
 
     @staticmethod
     def parse_seed(seed) -> int:
-        try:
-            s = int(seed)
-        except (TypeError, ValueError):
-            raise VGenError(f"seed must be a whole number, got {seed!r}") from None
-        if s < 0 or s != float(seed):
-            raise VGenError(f"seed must be a whole number >= 0, got {seed!r}")
-        return s
+        from vgen import validate
+        return validate.seed(seed)
 
     def options_for(self, name: str, sampler: str, options: dict):
         """The options given (not None) that this sampler accepts, validated by the sampler against the card."""

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vgen import validate
 from vgen.errors import VGenError
 from vgen.stats import merge_stats, numeric
 
@@ -48,6 +49,8 @@ class SampleJob:
             raise VGenError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.batch_size < 1:
             raise VGenError(f"batch_size must be >= 1, got {self.batch_size}")
+        validate.seed(self.seed, self.num_samples)
+        validate.device(self.device)
         n_cls = int(card["num_classes"])
         base = list(self.labels) if self.labels is not None else list(range(n_cls))
         if not base:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from vgen import validate
 from vgen.errors import VGenError
 from vgen.interfaces import check_fits, plain_sampler
 
@@ -48,9 +49,24 @@ def resolve(name_or_path: str) -> Path:
                     "pipeline.json")
 
 
+CARD_KEYS = ("model_kind", "model", "tokenizer_kind", "tokenizer", "num_classes")
+
+
 def read_card(name_or_path: str) -> dict:
+    """The pipeline card (pipeline.json), checked: a JSON object with the keys a pipeline needs."""
     folder = resolve(name_or_path)
-    card = json.loads((folder / "pipeline.json").read_text())
+    path = folder / "pipeline.json"
+    try:
+        card = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VGenError(f"{path} is not valid JSON ({e}): rewrite it with vgen.pipeline.save_pipeline") from None
+    if not isinstance(card, dict):
+        raise VGenError(f"{path} holds a {type(card).__name__}, not a JSON object: rewrite it with "
+                        "vgen.pipeline.save_pipeline")
+    missing = [k for k in CARD_KEYS if k not in card]
+    if missing:
+        raise VGenError(f"{path} lacks {', '.join(missing)}: a pipeline card names the model and tokenizer files and "
+                        "kinds and the number of classes (vgen.pipeline.save_pipeline writes one)")
     card["_folder"] = str(folder)
     return card
 
@@ -127,6 +143,7 @@ class Pipeline:
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
         from vgen.models import load_official
+        device = validate.device(device)
         card = read_card(name_or_path)
         folder = Path(card["_folder"])
         model = load_official(card["model_kind"], folder / card["model"], device=device, dtype=dtype)
@@ -152,8 +169,7 @@ class Pipeline:
         return s
 
     def check_labels(self, labels) -> torch.Tensor:
-        from vgen.samplers import as_cond
-        cond = as_cond(labels)
+        cond = validate.labels(labels)
         if cond.numel() == 0:
             raise VGenError("no labels given: pass at least one class id")
         bad = cond[(cond < 0) | (cond >= self.num_classes)]
@@ -186,7 +202,11 @@ class Pipeline:
         n = cond.shape[0]
         if seeds is not None and len(seeds) != n:
             raise VGenError(f"got {len(seeds)} seeds for {n} labels: give one seed per label")
-        seeds = [seed + i for i in range(n)] if seeds is None else [int(x) for x in seeds]
+        if seeds is None:
+            seed = validate.seed(seed, n)
+            seeds = [seed + i for i in range(n)]
+        else:
+            seeds = [validate.seed(x) for x in seeds]
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
         tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,

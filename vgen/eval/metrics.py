@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import warnings
+import zipfile
 import tempfile
 from pathlib import Path
 
@@ -58,10 +59,15 @@ def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
                 raise VGenError(f"{what}: no images ({', '.join(IMAGE_SUFFIXES)}) in folder {p}")
             images = _read_files(files, what)
         elif p.is_file() and p.suffix == ".npz":
-            with np.load(p) as z:
-                if "arr_0" not in z:
-                    raise VGenError(f"{what}: {p} has no 'arr_0' array (the ADM evaluator's layout)")
-                images = _from_array(z["arr_0"], what, nhwc=True)
+            try:
+                with np.load(p) as z:
+                    if "arr_0" not in z:
+                        raise VGenError(f"{what}: {p} has no 'arr_0' array (the ADM evaluator's layout)")
+                    arr = z["arr_0"]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # not a zip, truncated, pickled objects
+                raise VGenError(f"{what}: {p} is not a readable .npz ({str(e).splitlines()[0]}): write it again "
+                                "with `vgen eval npz`") from None
+            images = _from_array(arr, what, nhwc=True)
         else:
             names = ", ".join(REFERENCES)
             raise VGenError(f"{what}: {str(source)!r} is neither a folder of images, an .npz file, nor a "
@@ -79,13 +85,18 @@ def _registered(name: str) -> torch.Tensor:
 
 
 def _read_files(files: list[Path], what: str) -> torch.Tensor:
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     from vgen.io import read_pngs
     sizes = set()
     for f in files:
-        with Image.open(f) as im:
-            sizes.add(im.size)
+        try:
+            with Image.open(f) as im:
+                im.verify()
+                sizes.add(im.size)
+        except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            raise VGenError(f"{what}: {f} is not a readable image ({str(e).splitlines()[0]}): remove or replace "
+                            "it") from None
     if len(sizes) > 1:
         raise VGenError(f"{what}: images in {files[0].parent} differ in size ({sorted(sizes)[:3]}...): "
                         "resize them to one size first")

@@ -45,6 +45,6 @@ def per_sample_uniforms(seeds: Sequence[int], shape: Sequence[int], device=None,
     device gets the same numbers."""
     out = []
     for s in seeds:
-        g = torch.Generator().manual_seed(int(s) * 1000 + stream)
+        g = torch.Generator().manual_seed((int(s) * 1000 + stream) % 2 ** 64)  # any seed in 0..2^63-1 fits
         out.append(torch.rand(tuple(shape), generator=g))
     return torch.stack(out).to(device) if out else torch.empty((0, *shape), device=device)

@@ -66,19 +66,9 @@ def read_checkpoint(src) -> tuple[dict, dict]:
         if not path.exists():
             raise VGenError(f"checkpoint not found: {path}")
         if path.suffix == ".safetensors":
-            from safetensors import safe_open
-            from safetensors.torch import load_file
-            sd = load_file(str(path))
-            with safe_open(str(path), "pt") as f:
-                m = f.metadata() or {}
-            if "config" in m:
-                meta = json.loads(m["config"])
+            sd, meta = _read_safetensors(path)
         else:
-            try:
-                sd = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as e:  # pickled code objects etc.
-                raise VGenError(f"could not load {path} with torch.load(weights_only=True): {e}. vgen loads only "
-                                "plain tensor checkpoints (safetensors or weights-only pickles)") from None
+            sd = _read_weights_only(path)
     else:
         sd = src
     if not isinstance(sd, dict):
@@ -96,6 +86,33 @@ def read_checkpoint(src) -> tuple[dict, dict]:
                 key = key[len(p):]
         out[key] = v
     return out, meta
+
+
+def _read_safetensors(path: Path) -> tuple[dict, dict]:
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+    try:
+        sd = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            m = f.metadata() or {}
+        meta = json.loads(m["config"]) if "config" in m else {}
+    except (SafetensorError, OSError, ValueError) as e:  # truncated, corrupt, or not safetensors at all
+        raise VGenError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0]}): it is truncated, "
+                        "corrupt or in another format; download or export it again") from None
+    return sd, meta
+
+
+def _read_weights_only(path: Path):
+    import pickle
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only refused something: pickled code, not just tensors
+        raise VGenError(f"{path} holds pickled Python objects, not only tensors, and will not be loaded (that could "
+                        "run code); if you trust the file, save its state dict once with safetensors.torch.save_file "
+                        "and load the .safetensors") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise VGenError(f"{path} is not a readable torch checkpoint ({str(e).splitlines()[0]}): it is truncated "
+                        "or corrupt; download it again") from None
 
 
 def detect_kind(sd: dict) -> str | None:

@@ -211,8 +211,10 @@ def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = F
            codebook: torch.Tensor | None = None, batch_size: int | None = None, **options):
     """Sample tokens: returns ``(tokens (N, seq_len), stats dict)``. Sample i uses seed ``seed + i``: it is
     identical to running it alone with that seed."""
+    from vgen import validate
     s = get_sampler(sampler, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)
+    seed = validate.seed(seed, cond.shape[0])
     return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook,
              batch_size=batch_size)

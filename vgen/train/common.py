@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from tqdm.auto import tqdm
 
+from vgen import validate
 from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes, save_safetensors
 
@@ -33,21 +34,9 @@ def autocast(device: str | torch.device, precision: str):
     raise ValueError(f"precision must be 'bf16' or 'fp32', got {precision!r}")
 
 
-def train_device(name: str | torch.device) -> torch.device:
-    """The device a recipe's ``device`` field names, checked up front: a clear error, not one mid-training."""
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, TypeError, ValueError):
-        raise VGenError(f"device={name!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', ...") from None
-    if dev.type == "meta":
-        raise VGenError("device='meta' holds no data and cannot train: use 'cpu' or 'cuda'")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise VGenError(f"device={name!r} but CUDA is not available here: use device=cpu")
-    try:
-        torch.empty(1, device=dev)
-    except (RuntimeError, AssertionError) as e:
-        raise VGenError(f"device={name!r} cannot be used here ({str(e).splitlines()[0]}): use device=cpu") from None
-    return dev
+def train_device(name) -> torch.device:
+    """The device a recipe's ``device`` field names, checked up front (``vgen.validate.device``)."""
+    return validate.device(name)
 
 
 @dataclass

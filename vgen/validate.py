@@ -1,0 +1,75 @@
+"""Input rules shared by the CLI, the Python API and the demo: one rule per kind of input, checked before any work,
+each failure a one-line ``VGenError`` that names the problem and the fix."""
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from vgen.errors import VGenError
+
+SEED_MAX = 2 ** 63 - 1
+
+
+def seed(value, count: int = 1) -> int:
+    """A whole number in 0..2^63-1 such that the ``count`` per-sample seeds ``value + i`` stay in range too."""
+    if isinstance(value, bool):
+        raise VGenError(f"seed must be a whole number in 0..{SEED_MAX}, got {value!r}")
+    if not isinstance(value, numbers.Integral):
+        if isinstance(value, numbers.Real) and float(value).is_integer():
+            value = int(value)
+        else:
+            raise VGenError(f"seed must be a whole number in 0..{SEED_MAX}, got {value!r}")
+    value = int(value)
+    if not 0 <= value <= SEED_MAX - max(count - 1, 0):
+        raise VGenError(f"seed must be a whole number in 0..{SEED_MAX - max(count - 1, 0)} (sample i uses seed + i), "
+                        f"got {value}")
+    return value
+
+
+def labels(value) -> torch.Tensor:
+    """Class ids as an int64 (N,) tensor: an int, a list/tuple of ints, or a 1-D integer tensor or array."""
+    hint = "pass integer class ids: an int, a list of ints, or a 1-D integer tensor or array"
+    if isinstance(value, bool):
+        raise VGenError(f"labels must be class ids, got a bool: {hint}")
+    if isinstance(value, numbers.Integral):
+        return torch.tensor([int(value)])
+    if isinstance(value, (str, bytes)):
+        raise VGenError(f"labels must be class ids, got the string {value!r}: {hint}")
+    if isinstance(value, (list, tuple)):
+        bad = [x for x in value if isinstance(x, bool) or not isinstance(x, numbers.Integral)]
+        if bad:
+            raise VGenError(f"labels must be class ids, got {bad[0]!r} ({type(bad[0]).__name__}): {hint}")
+        return torch.tensor([int(x) for x in value], dtype=torch.long).reshape(-1)
+    t = value if isinstance(value, torch.Tensor) else None
+    if t is None:
+        try:
+            import numpy as np
+            if isinstance(value, np.ndarray):
+                t = torch.from_numpy(value) if value.dtype != np.bool_ else torch.from_numpy(value.astype(bool))
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+    if t is None:
+        raise VGenError(f"labels must be class ids, got a {type(value).__name__}: {hint}")
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise VGenError(f"labels must be class ids, got a {t.dtype} tensor: {hint}")
+    if t.dim() > 1:
+        raise VGenError(f"labels must be one class id per sample, got a tensor of shape {tuple(t.shape)}: {hint}")
+    return t.reshape(-1).long()
+
+
+def device(name) -> torch.device:
+    """A device this machine can use: a clear error for unknown strings, ``meta``, or CUDA without a GPU."""
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise VGenError(f"device={name!r} is not a torch device: use 'cpu', 'cuda', 'cuda:1', ...") from None
+    if dev.type == "meta":
+        raise VGenError("device='meta' holds no data: use 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise VGenError(f"device={name!r} but CUDA is not available here: use device=cpu")
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError) as e:
+        raise VGenError(f"device={name!r} cannot be used here ({str(e).splitlines()[0]}): use device=cpu") from None
+    return dev
