@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -55,10 +56,6 @@ class TokenType:
     @classmethod
     def latents(cls, channels: int) -> TokenType:
         return cls("latents", channels=int(channels))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.int64 if self.kind == "codes" else torch.float32
 
 
 # ---- models ---------------------------------------------------------------------------------------------------
@@ -143,7 +140,6 @@ class ModelSpec:
     order: Order
     num_classes: int
     token_type: TokenType
-    token_shape: tuple[int, ...] | None = None
     name: str = "this model"
 
     @property
@@ -157,7 +153,7 @@ class ModelSpec:
         if isinstance(model_or_card, dict):
             return cls.from_card(model_or_card)
         m = model_or_card
-        return cls(Order(m.order), int(m.num_classes), m.token_type, tuple(m.token_shape), type(m).__name__)
+        return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__)
 
     @classmethod
     def from_card(cls, card: dict) -> ModelSpec:
@@ -166,10 +162,8 @@ class ModelSpec:
             tt = TokenType.latents(card["latent_channels"])
         else:
             tt = TokenType.codes(card["vocab_size"]) if "vocab_size" in card else TokenType("codes")
-        shape = tuple(card["token_shape"]) if card.get("token_shape") else None
-        from pathlib import Path
         name = card.get("name") or Path(card.get("_folder", "?")).name
-        return cls(order, int(card.get("num_classes", 0)), tt, shape, f"this model ({name})")
+        return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})")
 
 
 def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
 import torch
 
 from vgen.errors import VGenError
@@ -41,21 +42,15 @@ def labels(value) -> torch.Tensor:
         if bad:
             raise VGenError(f"labels must be class ids, got {bad[0]!r} ({type(bad[0]).__name__}): {hint}")
         return torch.tensor([int(x) for x in value], dtype=torch.long).reshape(-1)
-    t = value if isinstance(value, torch.Tensor) else None
-    if t is None:
-        try:
-            import numpy as np
-            if isinstance(value, np.ndarray):
-                t = torch.from_numpy(value) if value.dtype != np.bool_ else torch.from_numpy(value.astype(bool))
-        except ImportError:  # pragma: no cover - numpy is a dependency
-            pass
-    if t is None:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if not isinstance(value, torch.Tensor):
         raise VGenError(f"labels must be class ids, got a {type(value).__name__}: {hint}")
-    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
-        raise VGenError(f"labels must be class ids, got a {t.dtype} tensor: {hint}")
-    if t.dim() > 1:
-        raise VGenError(f"labels must be one class id per sample, got a tensor of shape {tuple(t.shape)}: {hint}")
-    return t.reshape(-1).long()
+    if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+        raise VGenError(f"labels must be class ids, got a {value.dtype} tensor: {hint}")
+    if value.dim() > 1:
+        raise VGenError(f"labels must be one class id per sample, got a tensor of shape {tuple(value.shape)}: {hint}")
+    return value.reshape(-1).long()
 
 
 def device(name) -> torch.device:

@@ -54,7 +54,8 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     gpt16 = load_official(kind, out / f"{kind}.safetensors")
     loss16 = test_loss(gpt16, codes, labels)
     card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
-            "generation": str(gpt.order), "token_shape": list(gpt.token_shape), "name": name, "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
+            "generation": str(gpt.order), "token_shape": list(gpt.token_shape), "name": name,
+            "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
             "class_names": list(CLASS_NAMES), "image_size": 64,
             "sampling": sampling or (NAR_SAMPLING if kind == "nar" else DEFAULT_SAMPLING),
             "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],
@@ -98,7 +99,8 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     var16 = load_official("var", out / "var.safetensors")
     loss16 = test_loss(var16, vae, codes, labels)
     card = {"model_kind": "var", "model": "var.safetensors", "tokenizer_kind": "msvq", "tokenizer": "msvq.safetensors",
-            "generation": str(var.order), "token_shape": list(var.token_shape), "name": name, "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
+            "generation": str(var.order), "token_shape": list(var.token_shape), "name": name,
+            "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
             "class_names": list(CLASS_NAMES), "image_size": 64, "patch_nums": var.patch_nums,
             "sampling": sampling or VAR_SAMPLING,
             "metrics": {"tokenizer_test_psnr": vq_metrics["test_psnr"],
