@@ -36,6 +36,20 @@ def load_io(conf_dir, name):
     return torch.load(path, weights_only=True)
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh $VGEN_CACHE (feature caches of FID / FVD references) for one test module."""
+    import os
+    d = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("VGEN_CACHE")
+    os.environ["VGEN_CACHE"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("VGEN_CACHE")
+    else:
+        os.environ["VGEN_CACHE"] = old
+
+
 @pytest.fixture
 def tiny_gpt():
     """A random 2-layer GPT with an informative head (the official init zeroes it)."""

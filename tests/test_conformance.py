@@ -188,3 +188,52 @@ def test_conformance_nar_loads_with_the_right_split_and_explains_mismatches(conf
     broken = {k: v for k, v in sd.items() if not k.startswith("medusa_norm")}
     with pytest.raises(VGenError, match="missing keys: medusa_norm.weight"):
         load_official("nar", broken, **c)
+
+
+# ---- NAR video (LARP-AR with right, down and time heads) ----------------------------------------------------
+def _nar_video(conf_dir):
+    io = load_io(conf_dir, "nar_video")
+    model = load_official("nar-video", conf_dir / "nar_video.safetensors", **io["config"])
+    return model, io
+
+
+def test_conformance_video_nar_proximity_mask_and_teacher_forced_logits(conf_dir):
+    from vgen.kernels.proximity import proximity_mask
+    model, io = _nar_video(conf_dir)
+    assert model.token_shape == tuple(io["config"]["latent_shape"])
+    assert torch.equal(proximity_mask(model.token_shape, model.cond_len), io["proximity_mask"])
+    with torch.no_grad():
+        logits = model(io["tokens"], io["cond"])
+    torch.testing.assert_close(logits, io["logits"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("key,cfg", [("greedy_cfg4", 4.0), ("greedy_nocfg", 1.0)])
+def test_conformance_video_nar_greedy_generation_and_passes(conf_dir, key, cfg):
+    model, io = _nar_video(conf_dir)
+    t, h, w = model.token_shape
+    for bs in (1, None):
+        tokens, stats = sample(model, io["cond"], "nar", top_k=1, cfg_scale=cfg, batch_size=bs)
+        assert torch.equal(tokens, io[key].long())
+    assert stats["forward_passes"] == io["num_forward_passes"] == t + h + w - 2
+
+
+def test_conformance_video_nar_loads_official_keys_and_explains_mismatches(conf_dir):
+    from vgen.errors import VGenError
+    from vgen.models import detect_kind
+    io = load_io(conf_dir, "nar_video")
+    sd = load_file(str(conf_dir / "nar_video.safetensors"))
+    assert detect_kind(sd) == "nar-video"
+    c = {k: v for k, v in io["config"].items() if k not in ("n_layer", "attn_num_back", "attn_num_down",
+                                                             "max_seq_len", "num_classes", "vocab_size", "dim")}
+    m = load_official("nar-video", sd, **c)  # the rest from the shapes, the block split by the official default
+    assert set(m.state_dict()) == set(sd)
+    assert m.config.n_layer == io["config"]["n_layer"] and len(m.layers) == io["config"]["n_layer"] + 2
+    with pytest.raises(VGenError, match="latent_shape cannot be read"):
+        load_official("nar-video", sd, n_head=io["config"]["n_head"])
+    with pytest.raises(VGenError, match="load_official\\('nar-video'"):
+        load_official("nar", sd, n_head=io["config"]["n_head"])
+    broken = {k: v for k, v in sd.items() if not k.startswith("norm_B")}
+    with pytest.raises(VGenError, match="missing keys: norm_B.weight"):
+        load_official("nar-video", broken, **c)
+    with pytest.raises(ValueError, match="max_seq_len must equal"):
+        load_official("nar-video", sd, **{**c, "latent_shape": [2, 4, 4]})

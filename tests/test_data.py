@@ -18,9 +18,9 @@ def test_photos_shapes_classes_and_determinism():
 def test_test_split_never_overlaps_training_regions():
     """Every test crop is a resized window of the right-most strip; no training crop can touch it."""
     import numpy as np
-    from vgen.data.photos import _region
+    from vgen.data.photos import region
     for img in load_photographs():
-        tr, te = _region(img, "train"), _region(img, "test")
+        tr, te = region(img, "train"), region(img, "test")
         assert tr.shape[1] + te.shape[1] == img.shape[1]
         assert abs(te.shape[1] / img.shape[1] - TEST_FRACTION) < 0.01
         assert np.shares_memory(tr, img) and tr.base is not None

@@ -15,18 +15,6 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("VGEN_CACHE")
-    os.environ["VGEN_CACHE"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("VGEN_CACHE")
-    else:
-        os.environ["VGEN_CACHE"] = old
-
-
-@pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     """A tiny random timm classifier in the zoo's file format (fast; the zoo one is tested below)."""
     from vgen.eval.extractors import PhotoClassifier, save_photo_classifier

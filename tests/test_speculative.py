@@ -32,7 +32,7 @@ def micro(micro_gpt):
     return micro_gpt, joint.numpy(), unguided.numpy()
 
 
-@pytest.mark.parametrize("init,window,fresh_q", [(i, 3, "proposal") for i in INITS] + [
+@pytest.mark.parametrize("init,window,fresh_q", [(i, 3, "proposal") for i in INITS if i != "temporal"] + [
     ("random", 2, "onehot"), pytest.param("sample", 6, "onehot", marks=pytest.mark.slow)])
 def test_sjd_matches_exact_distribution(micro, init, window, fresh_q):
     """Lossless: 20k batched SJD samples follow the enumerated joint (CFG, top-k, temperature on); the same
@@ -60,6 +60,50 @@ def test_sjd_exact_on_a_3x3_grid_with_vertical_drafts():
     assert chi2_p(counts, joint.numpy()) > 1e-3
     assert chi2_p(counts, wrong.numpy()) < 1e-6
     assert st["accepted_per_step"] > 1.0
+
+
+@pytest.mark.slow
+def test_sjd_exact_on_a_video_grid_with_temporal_drafts():
+    """init=temporal (copy the token at the same (h, w) in the previous frame) stays lossless: a (2, 2, 2) video
+    GPT enumerated exactly; the same counts reject the unguided law (power)."""
+    from vgen.models import build
+    torch.manual_seed(3)
+    m = build("video-gpt", dim=16, n_layer=1, n_head=2, vocab_size=3, num_classes=2, latent_shape=(2, 2, 2)).eval()
+    torch.nn.init.normal_(m.output.weight, std=1.0)
+    opts = dict(cfg_scale=1.5, top_k=2)
+    _, joint = exact_joint(m, 0, 1.5, top_k=2)
+    _, wrong = exact_joint(m, 0, 1.0, top_k=2)
+    tokens, st = sample(m, [0] * N, "sjd", seed=2, window=5, init="temporal", **opts)
+    counts = counts_of(tokens, 3)
+    assert chi2_p(counts, joint.numpy()) > 1e-3
+    assert chi2_p(counts, wrong.numpy()) < 1e-6
+    assert counts[joint.numpy() == 0].sum() == 0
+    assert st["accepted_per_step"] > 1.0
+
+
+def test_temporal_drafts_copy_the_previous_frame():
+    """Drafts come from the same (h, w) one frame back (vertical in the first frame), across window sizes that
+    span more than a frame; image models refuse init=temporal with the fix."""
+    from vgen.models import build
+    from vgen.samplers.speculative import fresh_drafts
+    grid = (3, 2, 2)
+    tokens = torch.arange(100, 112)[None]  # token value = 100 + raster index
+    p = torch.full((1, 200), 1 / 200)
+    for last in range(0, 11):
+        D = 11 - last
+        f, q = fresh_drafts(tokens, torch.tensor([last]), p, torch.rand(1, D), init="temporal", fresh_q="proposal",
+                            grid=grid)
+        for j, x in enumerate(f[0].tolist()):
+            t = last + 1 + j
+            src = t - 4 * -(-(j + 1) // 4)
+            if src < 0:  # first frame: vertical, then the left token
+                src = t - 2 * -(-(j + 1) // 2)
+                src = src if src >= 0 else last
+            assert x == 100 + src, (last, j)
+        assert torch.equal(q, F.one_hot(f, 200).float())
+    img = build("gpt", dim=16, n_layer=1, n_head=2, vocab_size=8, num_classes=2, block_size=4)
+    with pytest.raises(VGenError, match="init=temporal copies drafts from the previous frame.*init=vertical"):
+        sample(img, [0], "sjd", init="temporal")
 
 
 @pytest.mark.slow
@@ -211,6 +255,6 @@ def test_cfg_interval_and_greedy_match_ar(tiny_gpt):
     cfg_interval switches guidance off mid-image."""
     kw = dict(cfg_scale=5.0, cfg_interval=3, top_k=1)
     ar, _ = sample(tiny_gpt, [0, 2, 3], "ar", seed=0, **kw)
-    for init in INITS:
+    for init in (i for i in INITS if i != "temporal"):  # temporal: video models only
         sjd, _ = sample(tiny_gpt, [0, 2, 3], "sjd", seed=1, window=5, init=init, **kw)
         assert torch.equal(sjd, ar), init

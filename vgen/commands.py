@@ -37,7 +37,8 @@ def sample(cfg: DictConfig):
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,
                     labels=None if cfg.labels is None else list(cfg.labels), num_samples=cfg.num_samples,
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
-                    grid_nrow=cfg.grid_nrow, progress=cfg.progress)
+                    grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
+                    prompt_frames=cfg.prompt_frames)
     return job.run(_output_dir(cfg))
 
 
@@ -50,13 +51,17 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     from vgen.eval.metrics import BACKENDS, export_npz, fid, load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
-    if metric not in ("fid", "npz"):
-        raise VGenError(f"unknown eval metric {metric!r}: use `vgen eval fid ...` or `vgen eval npz ...`")
+    if metric not in ("fid", "fvd", "npz"):
+        raise VGenError(f"unknown eval metric {metric!r}: use `vgen eval fid ...`, `vgen eval fvd ...` or "
+                        "`vgen eval npz ...`")
     if cfg.backend not in BACKENDS:
         raise VGenError(f"unknown backend {cfg.backend!r}: use one of {', '.join(BACKENDS)}")
     if OmegaConf.is_missing(cfg, "samples"):
-        raise VGenError(f"say what to score: vgen eval {metric} samples=<folder of images | .npz>")
+        what = "folder of clips (.mp4 / .gif) | .npz" if metric == "fvd" else "folder of images | .npz"
+        raise VGenError(f"say what to score: vgen eval {metric} samples=<{what}>")
     samples = cfg.samples
+    if metric == "fvd":
+        return _eval_fvd(cfg)
     if metric == "npz":
         out = Path(cfg.out or (str(Path(samples).with_suffix("")) + ".npz"))
         n = len(load_images(samples, "samples")[0])
@@ -65,15 +70,34 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
         return str(out)
     sp = Path(samples)
     out = Path(cfg.out) if cfg.out else (sp / "metrics.json" if sp.is_dir() else Path("metrics.json"))
-    res = fid(samples, cfg.reference, extractor=cfg.extractor, backend=cfg.backend, isc=cfg.isc,
+    res = fid(samples, cfg.reference or "photos-test", extractor=cfg.extractor, backend=cfg.backend, isc=cfg.isc,
               kid_subset_size=cfg.kid_subset_size, inception_weights=cfg.inception_weights,
-              classifier=cfg.classifier, batch_size=cfg.batch_size, device=cfg.device, progress=cfg.progress)
+              classifier=cfg.classifier, batch_size=cfg.batch_size or 64, device=cfg.device, progress=cfg.progress)
     res["samples"] = str(samples)
     atomic_write_json(out, res)
     tag = "FID-photo" if cfg.extractor == "photo" else "FID"
     isc = f", IS {res['isc_mean']:.3f}" if "isc_mean" in res else ""
     print(f"{tag} {res['fid']:.3f}, KID {res['kid_mean']:.5f} +- {res['kid_std']:.5f}{isc} "
           f"({res['num_samples']} samples vs {res['num_reference']} reference, {cfg.backend}); wrote {out}")
+    return res
+
+
+def _eval_fvd(cfg: DictConfig) -> dict:
+    """`vgen eval fvd samples=<folder of clips> [reference=clips-test extractor=photo|i3d i3d_weights=...]`:
+    FVD -> <samples>/fvd.json. Every input is checked (weights, folders, clip shapes) before any features."""
+    from vgen.eval.fvd import fvd
+    from vgen.io import atomic_write_json
+    samples = cfg.samples
+    sp = Path(samples)
+    out = Path(cfg.out) if cfg.out else (sp / "fvd.json" if sp.is_dir() else Path("fvd.json"))
+    res = fvd(samples, cfg.reference or "clips-test", extractor=cfg.extractor, i3d_weights=cfg.i3d_weights,
+              video_classifier=cfg.video_classifier, batch_size=cfg.batch_size or 16, device=cfg.device,
+              progress=cfg.progress)
+    res["samples"] = str(samples)
+    atomic_write_json(out, res)
+    tag = "FVD-photo" if cfg.extractor == "photo" else "FVD (I3D)"
+    print(f"{tag} {res['fvd']:.3f} ({res['num_samples']} clips vs {res['num_reference']} reference, "
+          f"{res['frames']} frames seen); wrote {out}")
     return res
 
 

@@ -17,6 +17,7 @@ Named API endpoint ``/generate`` (class id, seed, sampler) -> PNG file, for scri
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,9 +138,9 @@ class Demo:
             t0 = time.perf_counter()
             gen = pipe.generate([c], sampler=x, seed=s, **o)
             sec = time.perf_counter() - t0
-            results.append({"sampler": label, "image": gen.images[0], "seconds": gen.stats["sample_seconds"],
+            results.append({"sampler": label, "image": gen.pixels[0], "seconds": gen.stats["sample_seconds"],
                             "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
-                            "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) == 2 else None,
+                            "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) in (2, 3) else None,
                             "grid": grid, "options": o, "kv_cache_bytes": gen.stats.get("kv_cache_bytes")})
         if progress is not None:
             progress(1.0, desc="done")
@@ -187,15 +188,28 @@ def option_widget(f: dataclasses.Field):
     return gr.Textbox(None, label=label)
 
 
-def step_heatmap(step_map: torch.Tensor, grid: tuple[int, int], size: int = 192) -> np.ndarray:
-    """(L,) pass index per token -> an RGB heatmap (uint8 HxWx3), early passes dark, late ones bright."""
+def step_heatmap(step_map: torch.Tensor, grid: tuple[int, ...], size: int = 192) -> np.ndarray:
+    """(L,) pass index per token -> an RGB heatmap (uint8 HxWx3), early passes dark, late ones bright. A video
+    grid (t, h, w) gives one map per frame, side by side on one colour scale."""
     import matplotlib
-    h, w = grid
-    m = step_map.reshape(h, w).float()
+    t, h, w = (1, *grid) if len(grid) == 2 else grid
+    m = step_map.reshape(t, h, w).float()
     m = (m - m.min()) / max(float(m.max() - m.min()), 1.0)
+    m = torch.cat([torch.cat([f, torch.full((h, 1), float("nan"))], 1) for f in m], 1)[:, :-1] if t > 1 else m[0]
     rgb = (matplotlib.colormaps["viridis"](m.numpy())[..., :3] * 255).astype(np.uint8)
+    rgb[np.isnan(m.numpy())] = 255  # white gaps between frames
     rep = max(1, size // max(h, w))
     return np.ascontiguousarray(rgb.repeat(rep, 0).repeat(rep, 1))
+
+
+def shown(pixels: torch.Tensor, folder: str, name: str):
+    """What the gallery shows: an image as an HxWx3 array; a clip as a looping GIF file (upscaled 4x)."""
+    if pixels.dim() == 3:
+        return pixels.permute(1, 2, 0).numpy()
+    from vgen.io import save_gif
+    path = Path(folder) / f"{name}.gif"
+    save_gif(path, pixels.repeat_interleave(4, -1).repeat_interleave(4, -2))
+    return str(path)
 
 
 def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
@@ -242,8 +256,9 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
         except VGenError as e:
             raise gr.Error(str(e)) from None
         base = results[0]["sampler"]
-        images = [(r["image"].permute(1, 2, 0).numpy(), f"{r['sampler']}: {r['seconds']:.2f} s, "
-                   f"{r['forward_passes']} passes, {r['speedup']:.2f}x {base}") for r in results]
+        out = tempfile.mkdtemp(prefix="vgen-demo-")
+        images = [(shown(r["image"], out, f"{k}"), f"{r['sampler']}: {r['seconds']:.2f} s, "
+                   f"{r['forward_passes']} passes, {r['speedup']:.2f}x {base}") for k, r in enumerate(results)]
         maps = [(step_heatmap(r["step_map"], r["grid"]), f"{r['sampler']}: {r['forward_passes']} passes")
                 for r in results if r["step_map"] is not None]
         table = [[r["sampler"], round(r["seconds"], 3), r["forward_passes"], round(r["speedup"], 2),

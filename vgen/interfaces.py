@@ -141,6 +141,11 @@ class ModelSpec:
     num_classes: int
     token_type: TokenType
     name: str = "this model"
+    token_shape: tuple[int, ...] | None = None  # (h, w) image grid, (t, h, w) video grid; None: not known
+
+    @property
+    def is_video(self) -> bool:
+        return self.token_shape is not None and len(self.token_shape) == 3
 
     @property
     def vocab_size(self) -> int | None:
@@ -153,7 +158,9 @@ class ModelSpec:
         if isinstance(model_or_card, dict):
             return cls.from_card(model_or_card)
         m = model_or_card
-        return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__)
+        shape = getattr(m, "token_shape", None)
+        return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__,
+                   tuple(shape) if shape is not None else None)
 
     @classmethod
     def from_card(cls, card: dict) -> ModelSpec:
@@ -163,7 +170,9 @@ class ModelSpec:
         else:
             tt = TokenType.codes(card["vocab_size"]) if "vocab_size" in card else TokenType("codes")
         name = card.get("name") or Path(card.get("_folder", "?")).name
-        return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})")
+        shape = card.get("token_shape")
+        return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})",
+                   tuple(shape) if shape is not None else None)
 
 
 def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:

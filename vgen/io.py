@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from vgen.errors import VGenError
+
 
 _UMASK = os.umask(0)  # read once at import (os.umask can only be read by setting it)
 os.umask(_UMASK)
@@ -73,3 +75,69 @@ def make_grid(images: torch.Tensor, nrow: int = 8, pad: int = 2) -> torch.Tensor
         y, x = pad + r * (h + pad), pad + q * (w + pad)
         grid[:, y:y + h, x:x + w] = images[i]
     return grid
+
+
+# ---- video ----------------------------------------------------------------------------------------------------
+def _check_video(video: torch.Tensor) -> torch.Tensor:
+    if video.dim() != 4 or video.shape[1] != 3 or video.dtype != torch.uint8:
+        raise ValueError(f"a video is uint8 (T, 3, H, W), got {tuple(video.shape)} {video.dtype}")
+    return video.cpu()
+
+
+def encode_mp4(video: torch.Tensor, fps: int = 8, crf: int = 12) -> bytes:
+    """uint8 (T, 3, H, W) -> H.264 MP4 bytes (PyAV; yuv420p, so even sides; ``crf`` 0 = lossless luma)."""
+    import io
+
+    import av
+    video = _check_video(video)
+    t, _, h, w = video.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"H.264 needs even frame sides, got {h}x{w}")
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as box:
+        stream = box.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for frame in video.permute(0, 2, 3, 1).numpy():
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                box.mux(packet)
+        for packet in stream.encode():
+            box.mux(packet)
+    return buf.getvalue()
+
+
+def save_mp4(path: str | os.PathLike, video: torch.Tensor, fps: int = 8) -> None:
+    """uint8 (T, 3, H, W) -> MP4 (H.264), atomically."""
+    atomic_write_bytes(path, encode_mp4(video, fps))
+
+
+def read_video(path: str | os.PathLike) -> torch.Tensor:
+    """A video file (MP4, GIF, anything FFmpeg reads) -> uint8 (T, 3, H, W)."""
+    import av
+    import numpy as np
+    try:
+        with av.open(str(path)) as box:
+            frames = [f.to_ndarray(format="rgb24") for f in box.decode(video=0)]
+    except (av.error.FFmpegError, OSError, ValueError) as e:
+        raise VGenError(f"{path} is not a readable video ({str(e).splitlines()[0]}): give an MP4 or GIF file") \
+            from None
+    if not frames:
+        raise VGenError(f"{path} holds no video frames")
+    return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).contiguous()
+
+
+def save_gif(path: str | os.PathLike, video: torch.Tensor, fps: int = 8) -> None:
+    """uint8 (T, 3, H, W) -> looping GIF (Pillow, adaptive palette per frame), atomically."""
+    import io
+
+    from PIL import Image
+    video = _check_video(video)
+    frames = [Image.fromarray(f) for f in video.permute(0, 2, 3, 1).numpy()]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def frame_strip(video: torch.Tensor, pad: int = 2) -> torch.Tensor:
+    """uint8 (T, 3, H, W) -> one row of its frames (3, H', W')."""
+    return make_grid(_check_video(video), nrow=video.shape[0], pad=pad)

@@ -4,7 +4,8 @@ written atomically.
 Sample i always has label ``labels[i % len(labels)]`` and seed ``seed + i``, so which process draws it, in which
 batch, and whether the job was killed and rerun never changes its bytes. The output folder holds
 
-    000000.png ...      one file per sample (``Generation.save``)
+    000000.png ...      one file per sample (``Generation.save``); a video model writes 000000.mp4 (written
+                        last: it marks the sample done), 000000.gif and 000000.strip.png
     run.json            the settings that define the samples: a rerun with other settings is refused
     .parts/*.json       the stats of each finished batch (schema: ``vgen.stats``), merged into
     stats.json          by rank 0 at the end, with grid.png (the first samples)
@@ -22,6 +23,7 @@ from vgen.errors import VGenError
 from vgen.stats import merge_stats, numeric
 
 GRID_MAX = 256  # grid.png shows at most this many samples
+GRID_MAX_VIDEOS = 16  # ... or this many clips, one row of frames each
 
 
 @dataclass
@@ -37,6 +39,20 @@ class SampleJob:
     device: str = "cpu"
     grid_nrow: int = 8
     progress: bool = True
+    prompt: str | None = None        # video models: a clip file (MP4 / GIF) whose first frames every sample continues
+    prompt_frames: int = 1
+
+    def prompt_clip(self, card: dict):
+        """The prompt clip, read and checked against the card (None without a prompt)."""
+        if self.prompt is None:
+            return None
+        from vgen.io import read_video
+        from vgen.pipeline import check_prompt
+        if not Path(self.prompt).is_file():
+            raise VGenError(f"prompt clip {self.prompt} not found: give an MP4 or GIF file")
+        clip = read_video(self.prompt)
+        check_prompt(card, clip, self.prompt_frames)
+        return clip
 
     def plan(self) -> tuple[dict, str, dict, list[int]]:
         """Everything checked before any weights load: (card, sampler name, resolved options, per-sample labels)."""
@@ -58,6 +74,7 @@ class SampleJob:
         for c in base:
             if not 0 <= int(c) < n_cls:
                 raise VGenError(f"class id {c} out of range: this model has classes 0..{n_cls - 1}")
+        self.prompt_clip(card)
         return card, name, opts, [int(base[i % len(base)]) for i in range(self.num_samples)]
 
     def run(self, out: Path | None = None) -> dict | None:
@@ -68,22 +85,32 @@ class SampleJob:
         from vgen.io import atomic_write_json, make_grid, read_pngs, save_png
         from vgen.pipeline import Pipeline
 
-        _, name, opts, labels = self.plan()
+        card, name, opts, labels = self.plan()
+        from vgen.interfaces import ModelSpec
+        video = ModelSpec.from_card(card).is_video
+        ext = ".mp4" if video else ".png"
         out = Path(out or self.outdir)
         n = len(labels)
         run_key = {"model": self.model, "sampler": name, "options": opts, "seed": self.seed,
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
+        clip = self.prompt_clip(card)
+        if clip is not None:  # the prompt's pixels define the samples, not only its name
+            import hashlib
+            run_key["prompt"] = {"file": str(self.prompt), "frames": self.prompt_frames,
+                                 "sha1": hashlib.sha1(clip.numpy().tobytes()).hexdigest()}
         t_start = time.perf_counter()
         with vd.process_group(self.device) as (rank, world, device):
-            todo = prepare_outdir(out, run_key, n) if rank == 0 else None  # one view, shared before any write
+            todo = prepare_outdir(out, run_key, n, ext) if rank == 0 else None  # one view, shared before any write
             todo = vd.broadcast(todo)
             mine = todo[rank::world]
             pipe = Pipeline.from_pretrained(self.model, device=device)
             shard = f" [rank {rank}/{world}]" if world > 1 else ""
-            bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="img", disable=not self.progress)
+            bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="clip" if video else "img",
+                       disable=not self.progress)
             for k in range(0, len(mine), self.batch_size):
                 idx = mine[k:k + self.batch_size]
-                gen = pipe.generate([labels[i] for i in idx], sampler=name, seeds=[self.seed + i for i in idx], **opts)
+                gen = pipe.generate([labels[i] for i in idx], sampler=name, seeds=[self.seed + i for i in idx],
+                                    prompt=clip, prompt_frames=self.prompt_frames, **opts)
                 gen.save(out, idx)
                 atomic_write_json(out / ".parts" / f"{idx[0]:06d}-{len(idx)}-r{rank}.json",
                                   {"indices": idx, **numeric(gen.stats)})
@@ -95,20 +122,25 @@ class SampleJob:
                 summary = {**merged_parts(out, n), **run_key, "num_samples": n, "labels": labels, "processes": world,
                            "generated_now": len(todo), "skipped": n - len(todo),
                            "wall_seconds": time.perf_counter() - t_start}
-                files = [out / f"{i:06d}.png" for i in range(min(n, GRID_MAX))]
-                save_png(out / "grid.png", make_grid(read_pngs(files), nrow=self.grid_nrow))
+                if video:  # one row of frames per clip
+                    files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]
+                    save_png(out / "grid.png", make_grid(read_pngs(files), nrow=1, pad=0))
+                else:
+                    files = [out / f"{i:06d}.png" for i in range(min(n, GRID_MAX))]
+                    save_png(out / "grid.png", make_grid(read_pngs(files), nrow=self.grid_nrow))
                 atomic_write_json(out / "stats.json", summary)
                 extra = (f", {summary['accepted_per_step']:.2f} tokens per pass per sample"
                          if "accepted_per_step" in summary else "")
                 resumed = f" ({n - len(todo)} already on disk)" if len(todo) < n else ""
                 procs = f" on {world} processes" if world > 1 else ""
-                print(f"wrote {n} images{resumed}, grid.png and stats.json to {out}{procs} "
+                what = "clips (.mp4, .gif, .strip.png)" if video else "images"
+                print(f"wrote {n} {what}{resumed}, grid.png and stats.json to {out}{procs} "
                       f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes{extra})")
             vd.barrier()
         return summary
 
 
-def prepare_outdir(out: Path, run_key: dict, n: int) -> list[int]:
+def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[int]:
     """Check the folder holds this run (or nothing), drop temp files of a killed run, list missing indices."""
     from vgen.io import atomic_write_json
     out.mkdir(parents=True, exist_ok=True)
@@ -120,12 +152,12 @@ def prepare_outdir(out: Path, run_key: dict, n: int) -> list[int]:
             diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k))
             raise VGenError(f"{out} holds samples of another run (differs in {', '.join(diff)}): resume with the "
                             "same settings, or choose a new outdir")
-    elif any(out.glob("[0-9][0-9][0-9][0-9][0-9][0-9].png")):
-        raise VGenError(f"{out} already holds numbered PNGs from an unknown run: choose a new outdir")
+    elif any(out.glob("[0-9][0-9][0-9][0-9][0-9][0-9].png")) or any(out.glob("[0-9][0-9][0-9][0-9][0-9][0-9].mp4")):
+        raise VGenError(f"{out} already holds numbered samples from an unknown run: choose a new outdir")
     atomic_write_json(key_file, run_key)
     for tmp in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
         tmp.unlink(missing_ok=True)  # left by a killed writer; the final names are never partial
-    return [i for i in range(n) if not (out / f"{i:06d}.png").exists()]
+    return [i for i in range(n) if not (out / f"{i:06d}{ext}").exists()]
 
 
 def merged_parts(out: Path, n: int) -> dict:

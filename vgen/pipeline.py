@@ -94,6 +94,30 @@ def resolve_sampler(card: dict, sampler: str, **options):
     return s
 
 
+def check_prompt(card: dict, prompt, frames: int) -> None:
+    """Frame-conditioned generation, checked from the card (before weights load): a video model, a uint8 clip
+    of the model's frame size with at least ``frames`` frames, and at least one frame left to generate."""
+    from vgen.interfaces import ModelSpec
+    spec = ModelSpec.from_card(card)
+    if not spec.is_video:
+        raise VGenError(f"prompt frames condition video models, but {spec.name} makes images: drop the prompt")
+    total = spec.token_shape[0]
+    if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames < total:
+        raise VGenError(f"prompt_frames must be 1..{total - 1} (the model makes {total} frames and needs at least "
+                        f"one to generate), got {frames!r}")
+    if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.uint8 or prompt.dim() not in (4, 5) \
+            or prompt.shape[-3] != 3:
+        got = tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+        raise VGenError(f"a prompt is a uint8 clip (T, 3, H, W) or clips (N, T, 3, H, W), got {got}")
+    if prompt.shape[-4] < frames:
+        raise VGenError(f"the prompt has {prompt.shape[-4]} frame(s) but prompt_frames={frames}: give a longer clip "
+                        "or fewer prompt frames")
+    size = card.get("image_size")
+    if size is not None and tuple(prompt.shape[-2:]) != (size, size):
+        raise VGenError(f"prompt frames are {prompt.shape[-2]}x{prompt.shape[-1]} pixels but this model makes "
+                        f"{size}x{size} frames: resize the clip to {size}x{size}")
+
+
 @dataclass
 class Generation:
     """What ``Pipeline.generate`` returns. ``pixels``: uint8 images (N, 3, H, W) or videos (N, T, 3, H, W);
@@ -117,15 +141,28 @@ class Generation:
             raise VGenError("this generation holds images (N, 3, H, W): use .images")
         return self.pixels
 
-    def save(self, folder, indices: list[int] | None = None) -> list[Path]:
-        """Write sample k as ``<folder>/<indices[k]:06d>.png`` (default indices 0..N-1), atomically."""
-        from vgen.io import save_png
-        if self.pixels.dim() != 4:
-            raise VGenError("saving videos arrives with the video issue: only images are written today")
+    @property
+    def is_video(self) -> bool:
+        return self.pixels.dim() == 5
+
+    def save(self, folder, indices: list[int] | None = None, fps: int = 8) -> list[Path]:
+        """Write sample k (index ``indices[k]``, default 0..N-1), atomically: an image as ``<index:06d>.png``; a
+        clip as ``<index:06d>.gif`` and ``<index:06d>.strip.png`` (its frames in a row), then
+        ``<index:06d>.mp4`` last (H.264), so an existing MP4 means the sample is complete. Returns the PNG or
+        MP4 paths."""
+        from vgen.io import frame_strip, save_gif, save_mp4, save_png
         indices = list(range(len(self.pixels))) if indices is None else list(indices)
-        paths = [Path(folder) / f"{i:06d}.png" for i in indices]
-        for path, img in zip(paths, self.pixels):
-            save_png(path, img)
+        folder = Path(folder)
+        paths = []
+        for i, x in zip(indices, self.pixels):
+            if self.is_video:
+                save_gif(folder / f"{i:06d}.gif", x, fps)
+                save_png(folder / f"{i:06d}.strip.png", frame_strip(x))
+                save_mp4(folder / f"{i:06d}.mp4", x, fps)
+                paths.append(folder / f"{i:06d}.mp4")
+            else:
+                save_png(folder / f"{i:06d}.png", x)
+                paths.append(folder / f"{i:06d}.png")
         return paths
 
 
@@ -179,7 +216,8 @@ class Pipeline:
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Flat tokens (N, seq_len) -> uint8 pixels, through the tokenizer on the model's token shape, one sample
+        """Flat tokens (N, seq_len) -> uint8 pixels (images (N, 3, H, W); for a (t, h, w) token grid, clips
+        (N, T, 3, H, W) decoded frame by frame), through the tokenizer on the model's token shape, one sample
         at a time and (on CPU) on one thread, so the bytes depend neither on the batch nor on the process's thread
         count (convolutions round differently with more threads; torchrun gives each process one thread)."""
         from vgen.data import to_uint8
@@ -188,15 +226,38 @@ class Pipeline:
         if self.device.type == "cpu":
             torch.set_num_threads(1)
         try:
+            if len(shape) == 3:  # a clip, tokenized frame by frame: its frames decode as one batch
+                return torch.stack([to_uint8(self.tokenizer.decode(t.view(*shape))) for t in tokens]).cpu()
             return torch.cat([to_uint8(self.tokenizer.decode(t.view(1, *shape))) for t in tokens]).cpu()
         finally:
             torch.set_num_threads(threads)
 
+    @torch.inference_mode()
+    def encode_prompt(self, prompt, frames: int, n: int) -> torch.Tensor:
+        """The first ``frames`` frames of a clip (uint8 (T, 3, H, W)) or of one clip per sample ((n, T, 3, H, W))
+        -> the token prefix (n, frames * h * w) that frame-conditioned generation continues."""
+        from vgen.data import to_model_range
+        check_prompt(self.card, prompt, frames)
+        clips = prompt.unsqueeze(0) if prompt.dim() == 4 else prompt
+        if clips.shape[0] not in (1, n):
+            raise VGenError(f"got {clips.shape[0]} prompt clips for {n} samples: give one clip, or one per sample")
+        t, h, w = self.model.token_shape
+        x = to_model_range(clips[:, :frames].flatten(0, 1).to(self.device))
+        codes = self.tokenizer.encode(x)
+        if tuple(codes.shape[-2:]) != (h, w):
+            raise VGenError(f"prompt frames of {x.shape[-2]}x{x.shape[-1]} pixels give {codes.shape[-2]}x"
+                            f"{codes.shape[-1]} tokens but this model's frames are {h}x{w} tokens: resize the clip")
+        return codes.reshape(clips.shape[0], -1).expand(n, -1).contiguous()
+
     def generate(self, labels, sampler: str | None = None, seed: int = 0, batch_size: int | None = None,
-                 progress: bool = False, seeds: list[int] | None = None, **options) -> Generation:
+                 progress: bool = False, seeds: list[int] | None = None, prompt: torch.Tensor | None = None,
+                 prompt_frames: int = 1, **options) -> Generation:
         """Sample for ``labels`` with ``sampler`` (default: the model's plain one); sample i uses seed
-        ``seed + i`` (or ``seeds[i]``) whatever the batching."""
+        ``seed + i`` (or ``seeds[i]``) whatever the batching. Video models: ``prompt`` (uint8 (T, 3, H, W), one
+        clip for all samples, or (N, T, 3, H, W)) gives the first ``prompt_frames`` frames; the rest is
+        generated from them (frame-conditioned generation, the video-prediction protocol)."""
         cond = self.check_labels(labels)
+        prefix = None if prompt is None else self.encode_prompt(prompt, prompt_frames, cond.shape[0])
         sampler = sampler or plain_sampler(self.model)
         s = self.make_sampler(sampler, **options)
         n = cond.shape[0]
@@ -210,7 +271,7 @@ class Pipeline:
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
         tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,
-                          codebook=codebook, batch_size=batch_size)
+                          codebook=codebook, batch_size=batch_size, prefix=prefix)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
@@ -238,5 +299,8 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
             "vocab_size": model.token_type.vocab_size, "token_shape": list(model.token_shape),
             "class_names": class_names or [str(i) for i in range(model.num_classes)],
             "sampling": sampling or {}, **(extra or {})}
+    down = getattr(getattr(tokenizer, "config", None), "downsample", None)
+    if isinstance(down, int) and len(model.token_shape) > 1:  # pixels per side of an image or frame
+        card.setdefault("image_size", model.token_shape[-1] * down)
     atomic_write_json(folder / "pipeline.json", card)
     return folder

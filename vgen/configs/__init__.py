@@ -62,6 +62,8 @@ class SampleSchema:
     device: str = "cpu"
     grid_nrow: int = 8
     progress: bool = True
+    prompt: Optional[str] = None  # video models: a clip (MP4 / GIF) whose first prompt_frames frames are continued
+    prompt_frames: int = 1
 
 
 @dataclass
@@ -82,20 +84,24 @@ class BenchSchema:
     fidelity_reference: Optional[str] = None  # a sampler setting (e.g. "var": the full KV cache) to compare to
     fidelity_samples: int = 0  # PSNR / FID-photo against the reference's images on this many samples
     fid_reference: str = "photos-test"
+    fvd_samples: int = 0  # FVD-photo of this many clips per setting of a video model (0: off)
+    fvd_reference: str = "clips-test"
 
 
 @dataclass
 class EvalSchema:
     metric: str = "fid"
     samples: str = "???"
-    reference: str = "photos-test"
+    reference: Optional[str] = None  # null: photos-test (fid), clips-test (fvd)
     extractor: str = "photo"
     backend: str = "torch-fidelity"
     inception_weights: Optional[str] = None
     classifier: Optional[str] = None
+    i3d_weights: Optional[str] = None  # fvd extractor=i3d (or $VGEN_I3D_WEIGHTS)
+    video_classifier: Optional[str] = None  # fvd extractor=photo; null = the zoo's
     isc: bool = True
     kid_subset_size: int = 1000
-    batch_size: int = 64
+    batch_size: Optional[int] = None  # null: 64 (fid), 16 (fvd)
     out: Optional[str] = None
     device: str = "cpu"
     progress: bool = True
@@ -133,7 +139,8 @@ class TrainSchema:
 def register() -> None:
     from vgen.samplers import list_samplers, sampler_class
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
-                                    VARTrainConfig, VQTrainConfig)
+                                    VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
+                                    VideoNARTrainConfig, VQTrainConfig)
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
@@ -150,3 +157,6 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_msvq", node=MSVQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_var", node=VARTrainConfig)
     cs.store(group="vgen_schema", name="recipe_nar", node=NARTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_video_gpt", node=VideoGPTTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_video_nar", node=VideoNARTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_video_classifier", node=VideoClassifierTrainConfig)

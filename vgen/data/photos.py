@@ -71,7 +71,8 @@ def _to_rgb(img: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(img[..., :3])
 
 
-def _region(img: np.ndarray, split: str) -> np.ndarray:
+def region(img: np.ndarray, split: str) -> np.ndarray:
+    """The part of a photograph a split may use: the left three quarters (train) or the right quarter (test)."""
     w = img.shape[1]
     cut = int(round(w * (1 - TEST_FRACTION)))
     return img[:, :cut] if split == "train" else img[:, cut:]
@@ -93,7 +94,7 @@ def photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
         if not 0 <= c < NUM_CLASSES:
             raise VGenError(f"class id {c} out of range: the photo dataset has classes 0..{NUM_CLASSES - 1}")
     min_side = size if min_side is None else min_side
-    regions = [_region(p, split) for p in load_photographs()]
+    regions = [region(p, split) for p in load_photographs()]
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
     labels = torch.empty((n,), dtype=torch.int64)

@@ -121,6 +121,13 @@ def plan(cfg) -> Plan:
             raise VGenError(f"FID-photo needs the zoo classifier at {ZOO_CLASSIFIER}: `vgen train recipe=photo`")
         if cfg.fid_reference not in REFERENCES:
             load_images(cfg.fid_reference, "fid_reference")  # a folder / .npz: fail now if unreadable
+    if cfg.get("fvd_samples", 0) < 0 or cfg.get("fvd_samples", 0) == 1:
+        raise VGenError(f"fvd_samples must be 0 (off) or >= 2, got {cfg.fvd_samples}")
+    if cfg.get("fvd_samples", 0):
+        from vgen.eval.video_extractors import ZOO_VIDEO_CLASSIFIER
+        if not ZOO_VIDEO_CLASSIFIER.exists():
+            raise VGenError(f"FVD-photo needs the zoo video classifier at {ZOO_VIDEO_CLASSIFIER}: "
+                            "`vgen train recipe=video-classifier`")
     for b in cfg.batch_sizes:
         if b < 1:
             raise VGenError(f"batch sizes must be >= 1, got {b}")
@@ -184,6 +191,9 @@ def run(p: Plan) -> tuple[dict, dict]:
     quality = {}
     if cfg.fid_samples:
         quality = _quality(p, pipes)
+    if cfg.get("fvd_samples", 0):
+        for key, val in _video_quality(p, pipes).items():
+            quality.setdefault(key, {}).update(val)
     if p.fidelity_reference is not None and cfg.get("fidelity_samples", 0):
         for key, val in _fidelity(p, pipes, str(p.fidelity_reference)).items():
             quality.setdefault(key, {}).update(val)
@@ -262,8 +272,9 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                 # drift only within one model: another model's nll is a different distribution
                 if "nll" in r and "nll" in base and base["model"] == r["model"]:
                     r["nll_excess"] = r["nll"] - base["nll"]
-                if "fid_photo" in r and "fid_photo" in base:
-                    r["fid_photo_vs_ar"] = r["fid_photo"] / base["fid_photo"]
+                for k in ("fid_photo", "fvd_photo"):
+                    if k in r and k in base:
+                        r[f"{k}_vs_ar"] = r[k] / base[k]
 
 
 def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int) -> torch.Tensor:
@@ -272,7 +283,7 @@ def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int) -> t
     pipe = pipes[model]
     name, o = p.sampler_options(setting)
     return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
-                         batch_size=max(p.cfg.batch_sizes), **o).images
+                         batch_size=max(p.cfg.batch_sizes), **o).pixels
 
 
 def _quality(p: Plan, pipes: dict) -> dict:
@@ -282,10 +293,26 @@ def _quality(p: Plan, pipes: dict) -> dict:
     import vgen.eval as ev
     n = p.cfg.fid_samples
     out = {}
-    todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)]
+    todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)
+            and len(pipes[m].model.token_shape) != 3]
     for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
         r = ev.fid(generate_images(p, pipes, m, v, n), p.cfg.fid_reference, isc=False, kid_subset_size=min(n, 100))
         out[(m, v)] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
+    return out
+
+
+def _video_quality(p: Plan, pipes: dict) -> dict:
+    """FVD-photo of ``fvd_samples`` clips per video model and setting against ``fvd_reference`` (clips-test)."""
+    from tqdm.auto import tqdm
+
+    from vgen.eval.fvd import fvd
+    n = p.cfg.fvd_samples
+    out = {}
+    todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)
+            and len(pipes[m].model.token_shape) == 3]
+    for m, v in tqdm(todo, desc="FVD-photo", unit="setting"):
+        r = fvd(generate_images(p, pipes, m, v, n), p.cfg.get("fvd_reference", "clips-test"), extractor="photo")
+        out[(m, v)] = {"fvd_photo": r["fvd"], "fvd_samples": n}
     return out
 
 
@@ -317,7 +344,7 @@ def markdown_table(rows: list[dict]) -> str:
             ("images/s", "images_per_s", "{:.2f}"), ("fwd passes", "forward_passes", "{}"),
             ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
             ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"),
-            ("FID-photo", "fid_photo", "{:.2f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
+            ("FID-photo", "fid_photo", "{:.2f}"), ("FVD-photo", "fvd_photo", "{:.1f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
             ("KV kept", "kv_kept_fraction", "{:.1%}"), ("peak KV vs ref", "kv_vs_ref", "{:.1%}"), ("PSNR vs ref dB", "psnr_vs_ref", "{:.2f}"),
             ("FID-photo vs ref", "fid_vs_ref", "{:.2f}"), ("x ref", "speedup_vs_ref", "{:.2f}"),
             ("peak RSS MB", "peak_rss_mb", "{:.0f}"), ("peak CUDA MB", "peak_cuda_mb", "{:.0f}"),

@@ -4,6 +4,11 @@ Cache slot == sequence position. Attention masks are built from positions (a key
 to a query at position p when j <= p, or from an explicit mask), so rolling back to a shorter prefix is
 free: slots past the new length are masked until they are overwritten. Positions can be shared by the
 batch (``input_pos`` of shape (S,)) or per sample ((B, S)), which is what ragged speculative decoding needs.
+
+Attention reads only the first ``length`` slots (``limit(n)``; all of them by default): a sampler that knows no
+query will look past slot n - 1 sets it, so a step costs what the filled prefix costs, not the whole cache (at
+512 tokens, attention over the full cache is most of an early step). ``bucket(n)`` rounds a length up to one of
+a few values, for compiled steps (each distinct length is one graph).
 """
 from __future__ import annotations
 
@@ -22,6 +27,16 @@ class KVCache:
         # key slot index, used to build position-based masks without allocating per step
         self.slots = torch.arange(max_len, device=device)
         self.rows = torch.arange(batch_size, device=device)
+        self.length = max_len  # slots attention reads (limit)
+
+    def limit(self, n: int | None) -> None:
+        """Let attention read slots [0, n) only (None: all). Every query position must be < n."""
+        self.length = self.max_len if n is None else max(1, min(int(n), self.max_len))
+
+    def bucket(self, n: int, parts: int = 4) -> int:
+        """``n`` rounded up to a multiple of max_len / parts (at least 64 slots): few distinct lengths."""
+        step = max(64, -(-self.max_len // parts))
+        return min(self.max_len, -(-int(n) // step) * step)
 
     @property
     def nbytes(self) -> int:
@@ -34,7 +49,8 @@ class KVCache:
         return 2 * n_layer * batch_size * n_kv_head * max_len * head_dim * torch.empty((), dtype=dtype).element_size()
 
     def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v (B, H, S, D) at ``input_pos`` ((S,) or (B, S)); return this layer's full K, V."""
+        """Write k, v (B, H, S, D) at ``input_pos`` ((S,) or (B, S)); return this layer's K, V over the first
+        ``length`` slots."""
         kc, vc = self.k[layer], self.v[layer]
         if input_pos.dim() == 1:
             kc[:, :, input_pos] = k  # index_put_: reinplaced by inductor, no whole-cache copy
@@ -43,10 +59,12 @@ class KVCache:
             b = self.rows[: k.shape[0], None]  # (B, 1) with input_pos (B, S): index_put_, also reinplaced
             kc[b, :, input_pos] = k.transpose(1, 2)
             vc[b, :, input_pos] = v.transpose(1, 2)
+        if self.length < self.max_len:
+            return kc[:, :, : self.length], vc[:, :, : self.length]
         return kc, vc
 
     def causal_mask(self, input_pos: torch.Tensor) -> torch.Tensor:
-        """Bool mask, True = attend: (1, 1, S, max_len) for shared positions, (B, 1, S, max_len) per sample."""
-        m = self.slots <= input_pos[..., None]
+        """Bool mask, True = attend: (1, 1, S, length) for shared positions, (B, 1, S, length) per sample."""
+        m = self.slots[: self.length] <= input_pos[..., None]
         return m[None, None] if input_pos.dim() == 1 else m[:, None]
 

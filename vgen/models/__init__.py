@@ -8,10 +8,12 @@ from vgen.models.loading import (GPT_PRESETS, VQ_PRESETS, build, detect_kind, li
                                  read_checkpoint, register_kind)
 from vgen.models.gpt import GPT, GPTConfig  # noqa: E402  (each module registers its kind)
 from vgen.models.nar import NAR, NARConfig  # noqa: E402
+from vgen.models.nar_video import NARVideo, NARVideoConfig  # noqa: E402
+from vgen.models.video_gpt import VideoGPT, VideoGPTConfig  # noqa: E402
 from vgen.models.var import VAR, VARConfig  # noqa: E402
 from vgen.tokenizers.msvq import MSVQConfig, MultiScaleVQVAE  # noqa: E402
 from vgen.tokenizers.vq import VQConfig, VQModel  # noqa: E402
 
-__all__ = ["GPT", "GPTConfig", "NAR", "NARConfig", "VQModel", "VQConfig", "VAR", "VARConfig", "MultiScaleVQVAE",
+__all__ = ["GPT", "GPTConfig", "NAR", "NARConfig", "NARVideo", "NARVideoConfig", "VideoGPT", "VideoGPTConfig", "VQModel", "VQConfig", "VAR", "VARConfig", "MultiScaleVQVAE",
            "MSVQConfig", "build", "load_official", "list_kinds", "read_checkpoint", "detect_kind", "register_kind",
            "GPT_PRESETS", "VQ_PRESETS"]

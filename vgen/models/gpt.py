@@ -26,6 +26,9 @@ from vgen.kernels.linear import Linear
 from vgen.models.loading import GPT_PRESETS, count_indexed, register_kind
 
 
+CLASS_CONDITIONAL = ("c2i", "class_cond")  # LlamaGen's name, LARP's (NAR video) name
+
+
 def find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - (n % k)
 
@@ -91,8 +94,10 @@ def rope_table_2d(grid_size: int, head_dim: int, base: float, cls_token_num: int
     return torch.cat([torch.zeros(cls_token_num, half, 2), table])
 
 
-def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x (B, S, H, D); rope (S, D/2, 2) or (B, S, D/2, 2)."""
+def apply_rope(x: torch.Tensor, rope: torch.Tensor | None) -> torch.Tensor:
+    """x (B, S, H, D); rope (S, D/2, 2) or (B, S, D/2, 2); None: no rotation (absolute positions)."""
+    if rope is None:
+        return x
     xs = x.float().reshape(*x.shape[:-1], -1, 2)
     if rope.dim() == 3:
         rope = rope[None]
@@ -202,7 +207,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig | None = None, **kwargs):
         super().__init__()
         self.config = cfg = config or GPTConfig(**kwargs)
-        if cfg.model_type == "c2i":
+        if cfg.model_type in CLASS_CONDITIONAL:
             self.cls_embedding = LabelEmbedder(cfg.num_classes, cfg.dim, cfg.class_dropout_prob)
         elif cfg.model_type == "t2i":
             self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.class_dropout_prob, cfg.cls_token_num)
@@ -211,15 +216,26 @@ class GPT(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.output = Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.build_heads()
+        self.register_buffer("freqs_cis", self.rope_table(), persistent=False)
+        self.apply(self._init_weights)
+        self.init_heads()
+
+    def build_heads(self) -> None:
+        """The output head(s): LlamaGen's next-token head reads after the last block."""
+        self.norm = RMSNorm(self.config.dim, self.config.norm_eps)
+        self.output = Linear(self.config.dim, self.config.vocab_size, bias=False)
+
+    def init_heads(self) -> None:
+        nn.init.zeros_(self.output.weight)  # the official init
+
+    def rope_table(self) -> torch.Tensor:
+        """The RoPE table over [condition, tokens]: LlamaGen's 2D table over a square grid."""
+        cfg = self.config
         g = int(round(cfg.block_size ** 0.5))
         if g * g != cfg.block_size:
             raise ValueError(f"block_size must be a square number of tokens, got {cfg.block_size}")
-        self.register_buffer("freqs_cis", rope_table_2d(g, cfg.head_dim, cfg.rope_base, cfg.cls_token_num),
-                             persistent=False)
-        self.apply(self._init_weights)
-        nn.init.zeros_(self.output.weight)
+        return rope_table_2d(g, cfg.head_dim, cfg.rope_base, cfg.cls_token_num)
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -256,7 +272,7 @@ class GPT(nn.Module):
 
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
         """The unconditional counterpart of ``cond`` for classifier-free guidance."""
-        if self.config.model_type == "c2i":
+        if self.config.model_type in CLASS_CONDITIONAL:
             return torch.full_like(cond, self.config.num_classes)
         return self.cls_embedding.uncond_embedding.to(cond.dtype).expand_as(cond)
 
@@ -270,8 +286,13 @@ class GPT(nn.Module):
     def embed_cond(self, cond: torch.Tensor) -> torch.Tensor:
         return self.cls_embedding(cond, train=self.training)[:, : self.config.cls_token_num]
 
+    def positions(self, h: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Where position enters: (embeddings, RoPE rows). LlamaGen rotates q and k and adds nothing; a model
+        with learned absolute positions adds them here and returns no RoPE."""
+        return h, self.freqs_cis[input_pos]
+
     def run_layers(self, h, input_pos, cache=None, attn_mask=None):
-        rope = self.freqs_cis[input_pos]
+        h, rope = self.positions(h, input_pos)
         if cache is not None and attn_mask is None:
             attn_mask = cache.causal_mask(input_pos)
         for i, layer in enumerate(self.layers):
@@ -345,7 +366,7 @@ def infer_gpt(sd: dict) -> dict:
 
 
 def is_gpt(sd):
-    return "tok_embeddings.weight" in sd and "medusa_output.weight" not in sd
+    return "tok_embeddings.weight" in sd and not ({"medusa_output.weight", "output_B.weight"} & set(sd))
 
 
 def gpt_preset(cfg: dict) -> str | None:

@@ -52,17 +52,27 @@ class NAR(GPT):
 
     def __init__(self, config: NARConfig | None = None, **kwargs):
         cfg = config or NARConfig(**kwargs)
-        if cfg.medusa_attention_num < 1:
+        if self.extra_blocks(cfg) < len(self.heads) - 1:
             raise ValueError(f"medusa_attention_num must be >= 1 (blocks before the down head), got "
                              f"{cfg.medusa_attention_num}")
         super().__init__(cfg)
-        extra = [TransformerBlock(cfg) for _ in range(cfg.medusa_attention_num)]
-        self.layers.extend(extra)
-        self.medusa_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.medusa_output = Linear(cfg.dim, cfg.vocab_size, bias=False)
-        for m in [*extra, self.medusa_output]:
-            m.apply(self._init_weights)
         self.register_buffer("prox_mask", proximity_mask(self.token_shape, cfg.cls_token_num), persistent=False)
+
+    @staticmethod
+    def extra_blocks(cfg) -> int:
+        """Blocks after the base ``n_layer`` (the down head reads after them)."""
+        return cfg.medusa_attention_num
+
+    def build_heads(self) -> None:
+        """The extra blocks, then one RMSNorm + output projection per entry of ``heads``."""
+        cfg = self.config
+        self.layers.extend(TransformerBlock(cfg) for _ in range(self.extra_blocks(cfg)))
+        for _, norm, out in self.heads:
+            setattr(self, norm, RMSNorm(cfg.dim, cfg.norm_eps))
+            setattr(self, out, Linear(cfg.dim, cfg.vocab_size, bias=False))
+
+    def init_heads(self) -> None:
+        torch.nn.init.zeros_(self.output.weight)  # the official init zeroes the right head only
 
     @property
     def neighbour_offsets(self) -> tuple[tuple[int, ...], ...]:
@@ -83,14 +93,16 @@ class NAR(GPT):
 
     def run_heads(self, h, input_pos, cache=None, attn_mask=None) -> tuple[torch.Tensor, ...]:
         """Hidden states -> one float (B, S, V) logits tensor per head (right, down)."""
-        rope = self.freqs_cis[input_pos]
+        h, rope = self.positions(h, input_pos)
         if attn_mask is None:
             rows = self.prox_mask[input_pos]
             attn_mask = rows[:, None] if input_pos.dim() == 2 else rows[None, None]
             if cache is None:
                 attn_mask = attn_mask[..., : h.shape[1]]
-            elif attn_mask.shape[-1] < cache.max_len:
-                attn_mask = torch.nn.functional.pad(attn_mask, (0, cache.max_len - attn_mask.shape[-1]))
+            elif attn_mask.shape[-1] < cache.length:
+                attn_mask = torch.nn.functional.pad(attn_mask, (0, cache.length - attn_mask.shape[-1]))
+            else:
+                attn_mask = attn_mask[..., : cache.length]
         blocks = self.head_blocks()
         taps = {}
         for i, layer in enumerate(self.layers):

@@ -17,8 +17,9 @@ class ARSampler(Sampler):
     name = "ar"
     Options = SamplingOptions
     plain = True
+    prefix = True
 
-    def _sample(self, model, cond, seeds, progress, codebook=None):
+    def _sample(self, model, cond, seeds, progress, codebook=None, prefix=None):
         o = self.options
         t0 = time.perf_counter()
         B, L, dev = cond.shape[0], model.seq_len, cond.device
@@ -33,14 +34,28 @@ class ARSampler(Sampler):
 
         tokens = torch.empty((B, L), dtype=torch.long, device=dev)
         logp = torch.empty((B, L), dtype=torch.float32, device=dev)
-        tok, lp = token_step(model.prefill(cond_in, cache), us[0], apply_cfg=True, **kw)
-        tokens[:, 0], logp[:, 0] = tok, lp
-        for t in tqdm(range(1, L), disable=not progress, desc="ar", leave=False):
+        # attention reads the filled prefix only (bucketed when compiled: one graph per bucket)
+        visible = [cache.bucket(model.cond_len + t) if o.compile else model.cond_len + t for t in range(L)]
+        if not o.prefix_attention:
+            visible = [None] * L
+        cache.limit(visible[0])
+        logits = model.prefill(cond_in, cache)
+        P = 0 if prefix is None else prefix.shape[1]
+        if P:  # given tokens: one pass feeds them all, then sampling continues at token P
+            tokens[:, :P], logp[:, :P] = prefix, 0.0
+            cache.limit(model.cond_len + P if o.prefix_attention else None)
+            x = torch.cat([prefix, prefix]) if cfg else prefix
+            logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + P, device=dev), cache)[:, -1]
+        tok, lp = token_step(logits, us[P], apply_cfg=o.cfg_interval < 0 or P <= o.cfg_interval + 1, **kw)
+        tokens[:, P], logp[:, P] = tok, lp
+        for t in tqdm(range(P + 1, L), disable=not progress, desc="ar", leave=False):
             apply_cfg = o.cfg_interval < 0 or t <= o.cfg_interval + 1
+            cache.limit(visible[t])
             tok, lp = step(model, cache, tok[:, None], positions[t - 1], us[t], apply_cfg=apply_cfg, **kw)
             tokens[:, t], logp[:, t] = tok, lp
-        nll = float(-logp.mean())
-        stats = {"forward_passes": L, "tokens": B * L, "seconds": time.perf_counter() - t0,
+        nll = float(-logp[:, P:].mean())
+        step_map = (torch.arange(L, device=dev) - P + int(P > 0)).clamp_min(0)
+        stats = {"forward_passes": L - P + int(P > 0), "tokens": B * (L - P), "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "nll": nll, "accepted_per_step": 1.0,
-                 "step_map": torch.arange(L, device=dev).expand(B, L).clone()}
+                 "step_map": step_map.expand(B, L).clone()}
         return tokens, stats

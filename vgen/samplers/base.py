@@ -101,6 +101,8 @@ class SamplingOptions(TokenOptions):
     """Options of the raster / next-neighbour token samplers."""
     cfg_interval: int = option(-1, "guide only the first cfg_interval+1 tokens (-1 = every token; LlamaGen's)")
     compile: bool = option(False, "torch.compile the decode step (worth it for long jobs; costs a warm-up)")
+    prefix_attention: bool = option(True, "attention reads only the filled KV-cache slots (false: the whole "
+                                    "static cache every step, gpt-fast's way); same tokens either way")
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
@@ -111,7 +113,8 @@ class SamplingOptions(TokenOptions):
 class Sampler:
     """Base class: subclasses set ``name``, ``Options`` and ``order`` and implement ``_sample`` (or ``_run`` for
     their own batching). ``plain``: the order's plain sampler (the default and the baseline); ``hidden``: kept
-    out of ``list_samplers()`` (reference implementations used by benchmarks)."""
+    out of ``list_samplers()`` (reference implementations used by benchmarks); ``prefix``: whether it can continue
+    given tokens (``prefix=`` in the call: e.g. the first frames of a clip, for frame-conditioned video)."""
 
     name: str = ""
     Options: type[Options] = SamplingOptions
@@ -119,6 +122,7 @@ class Sampler:
     plain: bool = False
     hidden: bool = False
     needs_codebook: bool = False
+    prefix: bool = False
 
     def __init__(self, **options):
         unknown = sorted(set(options) - self.Options.names())
@@ -136,8 +140,11 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False,
-                 codebook: torch.Tensor | None = None, batch_size: int | None = None):
-        """Sample one token sequence per condition, at most ``batch_size`` (default: all) per forward pass."""
+                 codebook: torch.Tensor | None = None, batch_size: int | None = None,
+                 prefix: torch.Tensor | None = None):
+        """Sample one token sequence per condition, at most ``batch_size`` (default: all) per forward pass.
+        ``prefix`` (N, P) int: the first P tokens of every sequence are given (not sampled): the sampler continues
+        them (token P on is drawn exactly as if tokens < P had been drawn)."""
         spec = self.validate(model)
         if cond.dtype in (torch.int32, torch.int64):
             bad = cond[(cond < 0) | (cond >= spec.num_classes)]
@@ -158,7 +165,25 @@ class Sampler:
                                 f"{spec.vocab_size} image tokens: pass the (vocab_size, dim) codebook of the "
                                 "tokenizer this model was trained with")
             kw["codebook"] = codebook[: spec.vocab_size]
+        if prefix is not None:
+            kw["prefix"] = self.check_prefix(model, prefix, cond.shape[0])
         return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
+
+    def check_prefix(self, model, prefix: torch.Tensor, n: int) -> torch.Tensor:
+        if not self.prefix:
+            raise VGenError(f"sampler {self.name!r} cannot continue given tokens: use "
+                            f"{', '.join(s for s in list_samplers() if sampler_class(s).prefix)}")
+        if not isinstance(prefix, torch.Tensor) or prefix.dim() != 2 or prefix.is_floating_point():
+            raise VGenError("prefix must be an integer token tensor (N, P)")
+        if prefix.shape[0] != n:
+            raise VGenError(f"got {prefix.shape[0]} prefixes for {n} samples: give one per sample")
+        if not 1 <= prefix.shape[1] < model.seq_len:
+            raise VGenError(f"a prefix of {prefix.shape[1]} tokens leaves nothing to generate: the model makes "
+                            f"{model.seq_len} tokens, give 1..{model.seq_len - 1}")
+        if prefix.numel() and (int(prefix.min()) < 0 or int(prefix.max()) >= model.vocab_size):
+            raise VGenError(f"prefix tokens must be in 0..{model.vocab_size - 1}: encode the prompt with this "
+                            "model's tokenizer")
+        return prefix.to(device=cond_device(model), dtype=torch.long)
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
         """Default batching: consecutive chunks of ``batch_size`` (samplers with ragged progress override this
@@ -166,12 +191,18 @@ class Sampler:
         n = cond.shape[0]
         if batch_size >= n:
             return self._sample(model, cond, seeds, progress, **kw)
-        parts = [self._sample(model, cond[i:i + batch_size], seeds[i:i + batch_size], progress, **kw)
+        pre = kw.pop("prefix", None)
+        parts = [self._sample(model, cond[i:i + batch_size], seeds[i:i + batch_size], progress, **kw,
+                              **({} if pre is None else {"prefix": pre[i:i + batch_size]}))
                  for i in range(0, n, batch_size)]
         return torch.cat([t for t, _ in parts]), merge_stats([(st, t.shape[0]) for t, st in parts])
 
     def _sample(self, model, cond, seeds, progress, codebook=None):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def cond_device(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
@@ -208,13 +239,14 @@ def as_cond(labels, device=None) -> torch.Tensor:
 
 
 def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
-           codebook: torch.Tensor | None = None, batch_size: int | None = None, **options):
+           codebook: torch.Tensor | None = None, batch_size: int | None = None,
+           prefix: torch.Tensor | None = None, **options):
     """Sample tokens: returns ``(tokens (N, seq_len), stats dict)``. Sample i uses seed ``seed + i``: it is
-    identical to running it alone with that seed."""
+    identical to running it alone with that seed. ``prefix`` (N, P): given first tokens to continue."""
     from vgen import validate
     s = get_sampler(sampler, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)
     seed = validate.seed(seed, cond.shape[0])
     return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook,
-             batch_size=batch_size)
+             batch_size=batch_size, prefix=prefix)

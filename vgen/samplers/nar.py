@@ -42,8 +42,9 @@ class NARSampler(Sampler):
     Options = SamplingOptions
     order = Order.NEXT_NEIGHBOUR
     plain = True
+    prefix = True
 
-    def _sample(self, model, cond, seeds, progress, codebook=None):
+    def _sample(self, model, cond, seeds, progress, codebook=None, prefix=None):
         o = self.options
         t0 = time.perf_counter()
         B, L, dev = cond.shape[0], model.seq_len, cond.device
@@ -60,17 +61,32 @@ class NARSampler(Sampler):
         tokens = torch.empty((B, L), dtype=torch.long, device=dev)
         logp = torch.empty((B, L), dtype=torch.float32, device=dev)
         step_map = torch.empty((B, L), dtype=torch.long, device=dev)
+        cache.limit(model.cond_len if o.prefix_attention else None)
         tok, lp = token_step(model.prefill(cond_in, cache)[:, None], u[:, :1], apply_cfg=True, **kw)
         tokens[:, :1], logp[:, :1], step_map[:, 0] = tok, lp, 0
+        last_index = [int(x.max()) for x in anti_diagonals(shape)]
         sources_per_step = [[s.to(dev) for s in neighbour_sources(shape, d, offsets)] for d in range(len(diags) - 1)]
-        for d in tqdm(range(len(diags) - 1), disable=not progress, desc="nar", leave=False):
+        P = 0 if prefix is None else prefix.shape[1]
+        K = sum(1 for i in last_index if i < P)  # leading diagonals the given tokens fill completely
+        if P:
+            tokens[:, :P], logp[:, :P], step_map[:, :P] = prefix, 0.0, 0
+        for d in tqdm(range(max(K - 1, 0), len(diags) - 1), disable=not progress, desc="nar", leave=False):
             cur, nxt, sources = diags[d], diags[d + 1], sources_per_step[d]
+            if d == K - 1 and K > 1:  # the known diagonals in one pass; heads read diagonal d at its end
+                cur = torch.cat(diags[:K])
+                sources = [torch.where(x >= 0, x + len(cur) - len(diags[d]), x) for x in sources]
             apply_cfg = True if o.cfg_interval < 0 else nxt <= o.cfg_interval + 1
+            seen = model.cond_len + last_index[d] + 1  # attention reads the filled prefix only
+            cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
             tok, lp = step(model, cache, tokens[:, cur], cur + model.cond_len, sources, u[:, nxt],
                            apply_cfg=apply_cfg, **kw)
-            tokens[:, nxt], logp[:, nxt], step_map[:, nxt] = tok, lp, d + 1
-        passes = len(diags)
-        stats = {"forward_passes": passes, "tokens": B * L, "seconds": time.perf_counter() - t0,
-                 "kv_cache_bytes": cache.nbytes, "nll": float(-logp.mean()), "accepted_per_step": L / passes,
-                 "step_map": step_map}
+            if P:  # given tokens on this diagonal stay as given
+                known = nxt < P
+                tok = torch.where(known, prefix[:, nxt.clamp_max(P - 1)], tok)
+                lp = torch.where(known, torch.zeros_like(lp), lp)
+            tokens[:, nxt], logp[:, nxt], step_map[:, nxt] = tok, lp, d + 2 - max(K, 1)
+        passes = 1 + len(diags) - 1 - max(K - 1, 0)  # the prefill, then one pass per diagonal still to draw
+        stats = {"forward_passes": passes, "tokens": B * (L - P), "seconds": time.perf_counter() - t0,
+                 "kv_cache_bytes": cache.nbytes, "nll": float(-logp[:, P:].mean()),
+                 "accepted_per_step": (L - P) / passes, "step_map": step_map}
         return tokens, stats

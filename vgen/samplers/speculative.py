@@ -34,7 +34,7 @@ from vgen.kernels.verify import correction, gather_rows, leading_accepts, window
 from vgen.interfaces import ModelSpec
 from vgen.samplers.base import Sampler, SamplingOptions, option
 
-INITS = ("random", "horizontal", "vertical", "sample")
+INITS = ("random", "horizontal", "vertical", "sample", "temporal")
 FRESH_Q = ("proposal", "onehot")
 
 
@@ -45,8 +45,9 @@ class SpeculativeOptions(SamplingOptions):
     ``onehot`` is the official SJD code's choice. Both are lossless; the proposal accepts more."""
     window: int = option(16, "tokens per forward pass: the last accepted one plus window-1 drafts")
     init: str = option("random", "drafts for new positions: random (uniform), horizontal (copy the left token), "
-                       "vertical (copy the token above; left in the first row), sample (draw from the target)",
-                       choices=INITS)
+                       "vertical (copy the token above; left in the first row), sample (draw from the target), "
+                       "temporal (video: copy the token at the same place in the previous frame; vertical in the "
+                       "first frame)", choices=INITS)
     fresh_q: str = option("proposal", "draft distribution used to verify new drafts: proposal | onehot",
                           choices=FRESH_Q)
 
@@ -54,14 +55,24 @@ class SpeculativeOptions(SamplingOptions):
         super().validate(spec)
         if self.window < 2:
             raise VGenError(f"window must be >= 2 (the last accepted token plus at least one draft), got {self.window}")
+        if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
+            raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images "
+                            f"(token grid {spec.token_shape}): use init=vertical")
+
+
+def _copy_source(last: torch.Tensor, off: torch.Tensor, stride: int) -> torch.Tensor:
+    """Raster index ``stride`` positions before each new position ``last + off`` -- or, for the positions after
+    ``last`` whose source is itself new, the nearest multiple of ``stride`` back that is already placed. (B, D)."""
+    t = last[:, None] + off
+    return t - ((off + stride - 1) // stride) * stride
 
 
 def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor, u: torch.Tensor, *, init: str,
-                 fresh_q: str, grid_w: int):
+                 fresh_q: str, grid: tuple[int, ...]):
     """Drafts for the D = u.shape[1] positions after ``last`` (B,), and their draft distributions (B, D, V).
 
     ``tokens`` holds the current token (accepted or draft) at every position up to ``last``; ``p_last`` (B, V) is
-    the target distribution at ``last``."""
+    the target distribution at ``last``; ``grid`` is the model's token grid ((h, w) or (t, h, w))."""
     B, D = u.shape
     V = p_last.shape[-1]
     off = torch.arange(1, D + 1, device=u.device)
@@ -75,17 +86,20 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
         if fresh_q == "proposal":
             return f, dist
     else:
+        left = last[:, None].expand(B, D)
         if init == "horizontal":
-            src = last[:, None].expand(B, D)
+            src = left
         else:  # vertical: the nearest token straight above that is already placed
-            t = last[:, None] + off
-            src = t - ((off + grid_w - 1) // grid_w) * grid_w
-            src = torch.where(src >= 0, src, last[:, None])  # first row: nothing above, copy the left neighbour
+            src = _copy_source(last, off, grid[-1])
+            src = torch.where(src >= 0, src, left)  # first row: nothing above, copy the left neighbour
+            if init == "temporal":  # the same (h, w) in the nearest earlier frame; vertical in the first frame
+                back = _copy_source(last, off, grid[-1] * grid[-2] if len(grid) > 2 else grid[-1])
+                src = torch.where(back >= 0, back, src)
         f = tokens.gather(1, src)
     return f, F.one_hot(f, V).to(p_last.dtype)
 
 
-def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: int, W: int, grid_w: int, cfg: bool,
+def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: int, W: int, grid: tuple, cfg: bool,
               cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float, init: str,
               fresh_q: str, rule, rule_args: tuple, rule_kw: dict):
     """One forward pass + vectorised verification for every sample. State (per sample b):
@@ -119,7 +133,7 @@ def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: in
     logp = logp.scatter(1, widx, lp)  # positions past n+k are rewritten when they are decided
     smap = smap.scatter(1, widx, it.expand_as(widx))
     last = n + W - 1
-    f, fq = fresh_drafts(tokens, last, p[:, -1], uf, init=init, fresh_q=fresh_q, grid_w=grid_w)
+    f, fq = fresh_drafts(tokens, last, p[:, -1], uf, init=init, fresh_q=fresh_q, grid=grid)
     tokens = tokens.scatter(1, last[:, None] + 1 + ar[:-1], f)
     qwin = gather_rows(torch.cat([p, fq], 1), kk + 1 + ar[:-1])
 
@@ -138,26 +152,28 @@ class SpeculativeSampler(Sampler):
 
     Options = SpeculativeOptions
     rule = None
+    prefix = True
 
     def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
         return (), {}
 
-    def _run(self, model, cond, seeds, progress, batch_size, codebook=None):
+    def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None):
         """Continuous batching: ``batch_size`` slots; when a sample finishes, the next one is prefilled into its
         slot, so a long job never waits for the slowest sample of a batch (only the last ones do)."""
         o = self.options
         t0 = time.perf_counter()
         N, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
         S = min(batch_size, N)
-        grid_w = model.token_shape[-1]
+        grid = tuple(model.token_shape)
         rule_args, rule_kw = self.rule_inputs(model, codebook)
         cfg = o.guided
         cache = model.new_cache(2 * S if cfg else S)
-        kw = dict(L=L, W=W, grid_w=grid_w, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
+        kw = dict(L=L, W=W, grid=grid, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
                   rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw)
         step = compiled(spec_step) if o.compile else spec_step
 
+        P = 0 if prefix is None else prefix.shape[1]  # given tokens: each sample starts at token P
         B = L + 2 * W  # buffer length: drafts may run past the end of the image
         tokens = torch.zeros((S, B), dtype=torch.long, device=dev)
         logp = torch.zeros((S, B), dtype=torch.float32, device=dev)
@@ -189,20 +205,30 @@ class SpeculativeSampler(Sampler):
                 u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * W - 1), dev, stream=1)[0]
                 next_sample += 1
             cond_in = torch.cat([slot_cond, model.null_cond(slot_cond)]) if cfg else slot_cond
-            zero = torch.zeros(S, dtype=torch.long, device=dev)
-            p0 = window_target(model.prefill(cond_in, cache)[:, None], zero[:, None], cfg, o.cfg_scale,
-                               o.cfg_interval, o.temperature, o.top_k, o.top_p)[:, 0]
+            first = torch.full((S,), P, dtype=torch.long, device=dev)  # the first token to draw
+            cache.limit(model.cond_len if o.prefix_attention else None)
+            logits = model.prefill(cond_in, cache)[:, None]
             prefills += 1
-            _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
             t_new = tokens.clone()
-            t_new[:, 0] = sample_from_probs(p0, ur[:, 0])
-            f, q_new = fresh_drafts(t_new, zero, p0, uf, init=o.init, fresh_q=o.fresh_q, grid_w=grid_w)
-            t_new[:, 1:W] = f
+            if P:  # feed the given tokens in one more pass (every row: the others recompute their own)
+                for b in slots:
+                    t_new[b, :P] = prefix[owner[b]]
+                x = torch.cat([t_new[:, :P], t_new[:, :P]]) if cfg else t_new[:, :P]
+                cache.limit(model.cond_len + P if o.prefix_attention else None)
+                logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + P, device=dev), cache)[:, -1:]
+                prefills += 1
+            p0 = window_target(logits, first[:, None], cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k,
+                               o.top_p)[:, 0]
+            _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
+            t_new[:, P] = sample_from_probs(p0, ur[:, 0])
+            f, q_new = fresh_drafts(t_new, first, p0, uf, init=o.init, fresh_q=o.fresh_q, grid=grid)
+            t_new[:, P + 1:P + W] = f
             tokens[idx] = t_new[idx]
-            logp[idx, 0] = p0[idx].gather(-1, t_new[idx, :1]).squeeze(-1).clamp_min(1e-30).log()
+            logp[idx, :P] = 0.0
+            logp[idx, P] = p0[idx].gather(-1, t_new[idx, P:P + 1]).squeeze(-1).clamp_min(1e-30).log()
             smap[idx] = it
             qwin[idx] = q_new[idx].to(qwin.dtype)
-            n[idx] = 1
+            n[idx] = P + 1
             counts[idx] = 0
 
         fill(list(range(S)))
@@ -216,7 +242,7 @@ class SpeculativeSampler(Sampler):
                 out_tokens[i], out_logp[i] = tokens[b, :L], logp[b, :L]
                 out_smap[i] = smap[b, :L] - start[b]
                 c = counts[b].tolist()
-                passes[i] = c[0] + 1
+                passes[i] = c[0] + 1 + int(P > 0)  # its passes and its prefill (and prefix pass)
                 checked += c[1]
                 accepted += c[2]
                 owner[b] = -1
@@ -231,13 +257,17 @@ class SpeculativeSampler(Sampler):
             if all(ow < 0 for ow in owner):
                 break
             it += 1
+            # attention reads the filled prefix only: the furthest position an active sample feeds, plus one
+            front = max(n_host[b] for b in range(S) if owner[b] >= 0)
+            seen = model.cond_len + min(L - 1, front + W - 2) + 1
+            cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
             ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
             tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, ui,
                                                        torch.tensor(it, device=dev), **kw)
         bar.close()
-        stats = {"forward_passes": it + prefills, "tokens": N * L, "seconds": time.perf_counter() - t0,
-                 "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp.mean()),
-                 "accepted_per_step": float((L / passes).mean()),
+        stats = {"forward_passes": it + prefills, "tokens": N * (L - P), "seconds": time.perf_counter() - t0,
+                 "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp[:, P:].mean()),
+                 "accepted_per_step": float(((L - P) / passes).mean()),
                  "acceptance_rate": accepted / checked if checked else 0.0,
                  "step_map": out_smap}
         return out_tokens, stats

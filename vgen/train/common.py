@@ -212,15 +212,17 @@ def train_loop(cfg, model: torch.nn.Module, opt: torch.optim.Optimizer, run: Run
     return step, last_loss
 
 
-def cached_codes(run: RunDir, tokenizer, split: str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``n`` photo crops of a split encoded by ``tokenizer`` -> (codes int16 (n, L), labels int64 (n,)), on the
-    CPU; cached in the run folder as ``codes_<split>.pt`` (reused while it holds ``n`` crops)."""
+def cached_codes(run: RunDir, tokenizer, split: str, n: int, seed: int,
+                 encode: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` examples of a split encoded by ``tokenizer`` -> (codes int16 (n, L), labels int64 (n,)), on the
+    CPU; cached in the run folder as ``codes_<split>.pt`` (reused while it holds ``n`` examples). ``encode``:
+    ``(tokenizer, split, n, seed) -> (codes, labels)``, photo crops (``encode_split``) by default."""
     path = run.path / f"codes_{split}.pt"
     if path.exists():
         d = torch.load(path, weights_only=True)
         if d["codes"].shape[0] == n:
             return d["codes"], d["labels"]
-    codes, labels = encode_split(tokenizer, split, n, seed)
+    codes, labels = (encode or encode_split)(tokenizer, split, n, seed)
     buf = io.BytesIO()
     torch.save({"codes": codes, "labels": labels}, buf)
     atomic_write_bytes(path, buf.getvalue())

@@ -50,14 +50,18 @@ def test_loss(model: GPT, codes: torch.Tensor, labels: torch.Tensor, batch: int 
 
 @recipe(GPTTrainConfig)
 def train_gpt(cfg: GPTTrainConfig, model_cls=GPT, config_cls=GPTConfig, export_name: str = "gpt.safetensors",
-              desc: str = "gpt") -> dict:
+              desc: str = "gpt", encode=None) -> dict:
     """Train a token model over the VQ codes. The same recipe trains NAR (``model_cls=NAR``): its forward also
-    returns logits (B, n, V) that predict ``tokens`` (from earlier anti-diagonals instead of earlier tokens)."""
+    returns logits (B, n, V) that predict ``tokens`` (from earlier anti-diagonals instead of earlier tokens).
+    ``encode(tokenizer, split, n, seed) -> (codes, labels)`` gives the data (photo crops by default; video
+    recipes pass clips encoded frame by frame)."""
     from vgen.models import load_official
     run, device = start_run(cfg, needs=((cfg.tokenizer, "VQ tokenizer", "vq"),))
     tokenizer = load_official("vq", cfg.tokenizer, device=device).eval()
-    tr_codes, tr_labels = (t.to(device) for t in cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed))
-    te_codes, te_labels = (t.to(device) for t in cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1))
+    tr_codes, tr_labels = (t.to(device) for t in cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed,
+                                                              encode))
+    te_codes, te_labels = (t.to(device) for t in cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1,
+                                                              encode))
     model = model_cls(config_cls(**cfg.model)).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]

@@ -4,7 +4,10 @@ from vgen.train.msvq import MSVQTrainConfig, train_msvq
 from vgen.train.nar import NARTrainConfig, train_nar
 from vgen.train.photo import PhotoTrainConfig, train_photo
 from vgen.train.var import VARTrainConfig, train_var
+from vgen.train.video import VideoGPTTrainConfig, VideoNARTrainConfig, train_video_gpt, train_video_nar
+from vgen.train.video_classifier import VideoClassifierTrainConfig, train_video_classifier
 from vgen.train.vq import VQTrainConfig, train_vq
 
 __all__ = ["GPTTrainConfig", "MSVQTrainConfig", "NARTrainConfig", "PhotoTrainConfig", "VARTrainConfig", "VQTrainConfig",
-           "train_gpt", "train_msvq", "train_nar", "train_photo", "train_var", "train_vq"]
+           "VideoGPTTrainConfig", "VideoNARTrainConfig", "train_video_gpt", "train_video_nar", "train_gpt", "train_msvq", "train_nar", "train_photo", "train_var", "train_vq"]
+__all__ += ["VideoClassifierTrainConfig", "train_video_classifier"]

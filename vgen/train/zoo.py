@@ -6,6 +6,11 @@
         --name photos-nar --out vgen/zoo/photos-nar --compare-to photos-gpt
     python -m vgen.train.zoo --msvq runs/photos-msvq/msvq.safetensors --var runs/photos-var/var.safetensors \
         --name photos-var --out vgen/zoo/photos-var
+    python -m vgen.train.zoo --vq vgen/zoo/photos-gpt/vq.safetensors \
+        --video-gpt runs/photos-video-gpt/video-gpt.safetensors --name photos-video-gpt --out vgen/zoo/photos-video-gpt
+    python -m vgen.train.zoo --vq vgen/zoo/photos-gpt/vq.safetensors \
+        --video-nar runs/photos-video-nar/nar-video.safetensors --name photos-video-nar \
+        --out vgen/zoo/photos-video-nar --compare-to photos-video-gpt
 
 The GPT / NAR / VAR weights are stored as fp16 (half the bytes; loaded back as fp32); the export measures the test
 loss both ways so the card shows what the rounding costs.
@@ -119,6 +124,57 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     return card
 
 
+VIDEO_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 16, "init": "temporal"}
+
+
+def export_video(vq_path: str, model_path: str, out: str, name: str, kind: str = "video-gpt",
+                 sampling: dict | None = None, n_test: int = 256, seed: int = 0,
+                 compare_to: str | None = None, docs: str = "docs") -> dict:
+    """A video zoo pipeline: the photos VQ tokenizer (frame by frame, fp32) + a video GPT or video NAR (``kind``;
+    stored fp16, test loss on held-out clips measured both ways). Writes the card and, for the docs, a strip of
+    frames per class (``docs/<name>-strip.png``) and a GIF of the first clips (``docs/<name>.gif``)."""
+    from vgen.io import save_gif
+    from vgen.models import load_official
+    from vgen.pipeline import Pipeline
+    from vgen.train.gpt import test_loss
+    from vgen.train.video import encode_clips
+    from vgen.train.vq import evaluate
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vq = load_official("vq", vq_path)
+    model = load_official(kind, model_path)
+    t, h, w = model.token_shape
+    frame = 32  # clips("...", size=32): 8x8 codes per frame with the photos VQ (downsampling 4)
+    codes, labels = encode_clips(vq, "test", n_test, seed=1, frames=t, size=frame)
+    loss32 = test_loss(model, codes, labels)
+    save_safetensors(vq.state_dict(), out / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
+    half = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
+    save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(model.config_dict())})
+    loss16 = test_loss(load_official(kind, out / f"{kind}.safetensors"), codes, labels)
+    vq_metrics = evaluate(vq, 512)
+    key = kind.replace("-", "_")
+    card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
+            "generation": str(model.order), "token_shape": [t, h, w], "name": name,
+            "num_classes": NUM_CLASSES, "vocab_size": model.vocab_size, "class_names": list(CLASS_NAMES),
+            "image_size": frame, "frames": t, "fps": 8,
+            "sampling": sampling or (NAR_SAMPLING if kind == "nar-video" else VIDEO_SAMPLING),
+            "metrics": {"tokenizer_test_psnr_64px": vq_metrics["test_psnr"],
+                        f"{key}_test_loss_fp32": loss32, f"{key}_test_loss_stored_fp16": loss16,
+                        f"{key}_params": sum(p.numel() for p in model.parameters()),
+                        "vq_params": sum(p.numel() for p in vq.parameters())}}
+    if compare_to:
+        card["compare_to"] = compare_to
+    atomic_write_json(out / "pipeline.json", card)
+    pipe = Pipeline.from_pretrained(str(out))
+    gen = pipe.generate(list(range(NUM_CLASSES)), seed=seed, batch_size=8)
+    strips = torch.stack([make_grid(v, nrow=t, pad=1) for v in gen.videos])
+    save_png(Path(docs) / f"{name}-strip.png", make_grid(strips, nrow=1, pad=1))
+    grid_video = torch.stack([make_grid(gen.videos[:8, i], nrow=8, pad=1) for i in range(t)])
+    save_gif(Path(docs) / f"{name}.gif", grid_video, fps=card["fps"])
+    return card
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vq", help="LlamaGen VQ tokenizer (with --gpt)")
@@ -127,11 +183,16 @@ def main():
     ap.add_argument("--compare-to", default=None, help="zoo model holding the AR baseline (photos-nar: photos-gpt)")
     ap.add_argument("--msvq", help="multi-scale VQVAE (with --var)")
     ap.add_argument("--var")
+    ap.add_argument("--video-gpt", help="a video GPT over the --vq tokenizer's codes, frame by frame")
+    ap.add_argument("--video-nar", help="a video NAR (LARP-AR layout) over the --vq tokenizer's codes")
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--grid", default=None, help="where to write the card's sample grid (docs/<name>-grid.png)")
     a = ap.parse_args()
-    if a.var and a.msvq:
+    if a.vq and (a.video_gpt or a.video_nar):
+        kind = "video-gpt" if a.video_gpt else "nar-video"
+        card = export_video(a.vq, a.video_gpt or a.video_nar, a.out, a.name, kind=kind, compare_to=a.compare_to)
+    elif a.var and a.msvq:
         card = export_var(a.msvq, a.var, a.out, a.name, grid=a.grid)
     elif a.vq and a.gpt:
         card = export(a.vq, a.gpt, a.out, a.name, grid=a.grid)
