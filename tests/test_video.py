@@ -286,3 +286,26 @@ def test_bench_times_video_samplers_and_scores_fvd_photo(video_pipeline, tmp_pat
     ar = next(r for r in rows if r["sampler"] == "ar")
     assert sjd["fvd_photo_vs_ar"] == pytest.approx(sjd["fvd_photo"] / ar["fvd_photo"])
     assert "FVD-photo" in (out / "bench.md").read_text()
+
+
+@pytest.mark.slow
+def test_torchrun_shards_clip_jobs_to_the_bytes_of_one_process(video_pipeline, tmp_path):
+    """The image path's guarantee holds for clips: two torchrun processes write the files one process writes."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    args = ["sample", f"model.path={video_pipeline}", "num_samples=5", "seed=2", "progress=false"]
+    one = subprocess.run([sys.executable, "-m", "vgen", *args, "batch_size=4", f"outdir={tmp_path / 'one'}"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert one.returncode == 0, one.stderr[-2000:]
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    two = subprocess.run([torchrun, "--nproc_per_node=2", "--standalone", "-m", "vgen", *args, "batch_size=2",
+                          f"outdir={tmp_path / 'two'}"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert two.returncode == 0, two.stderr[-2000:]
+    files = {p.name: p.read_bytes() for p in sorted((tmp_path / "one").glob("0*"))}
+    assert len(files) == 15  # mp4, gif, strip per clip
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "two").glob("0*"))} == files

@@ -67,7 +67,7 @@ class VideoClassifier(nn.Module):
     (antialiased bilinear) to ``image_size`` when they differ."""
 
     def __init__(self, arch: str = "r3d_18", num_classes: int = 16, num_motions: int = 4, frames: int = 8,
-                 image_size: int = 32, stages: int = 4):
+                 image_size: int = 32, stages: int = 4, differences: bool = False):
         super().__init__()
         import torchvision.models.video as tvv
         if arch not in VIDEO_ARCHS:
@@ -75,8 +75,11 @@ class VideoClassifier(nn.Module):
         if stages not in (2, 3, 4):
             raise VGenError(f"stages must be 2, 3 or 4 (residual stages of the video ResNet kept), got {stages}")
         self.arch, self.num_classes, self.num_motions = arch, num_classes, num_motions
-        self.frames, self.image_size, self.stages = frames, image_size, stages
+        self.frames, self.image_size, self.stages, self.differences = frames, image_size, stages, differences
         self.net = getattr(tvv, arch)(weights=None)
+        if differences:  # the stem also sees each frame minus the one before: motion is then first-order visible
+            old = self.net.stem[0]
+            self.net.stem[0] = nn.Conv3d(6, old.out_channels, old.kernel_size, old.stride, old.padding, bias=False)
         for k in range(stages + 1, 5):  # later stages dropped: 32x32 frames are 4x4 after stage 3
             setattr(self.net, f"layer{k}", nn.Identity())
         self.num_features = 64 * 2 ** (stages - 1)
@@ -87,7 +90,8 @@ class VideoClassifier(nn.Module):
     @property
     def config(self) -> dict:
         return {"arch": self.arch, "num_classes": self.num_classes, "num_motions": self.num_motions,
-                "frames": self.frames, "image_size": self.image_size, "stages": self.stages}
+                "frames": self.frames, "image_size": self.image_size, "stages": self.stages,
+                "differences": self.differences}
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 5 or x.shape[2] != 3:
@@ -98,8 +102,11 @@ class VideoClassifier(nn.Module):
         if x.shape[-2:] != (self.image_size, self.image_size):
             x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", antialias=True,
                               align_corners=False)
-        x = x.view(b, t, 3, self.image_size, self.image_size).transpose(1, 2)  # (B, C, T, H, W)
-        return x / 127.5 - 1.0
+        x = x.view(b, t, 3, self.image_size, self.image_size).transpose(1, 2) / 127.5 - 1.0  # (B, C, T, H, W)
+        if self.differences:  # [frames, frame - previous frame (zero for the first)]
+            d = torch.cat([torch.zeros_like(x[:, :, :1]), x[:, :, 1:] - x[:, :, :-1]], dim=2)
+            x = torch.cat([x, d], dim=1)
+        return x
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         feats = self.net(self.preprocess(x))

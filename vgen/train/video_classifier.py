@@ -23,6 +23,7 @@ class VideoClassifierTrainConfig(RecipeConfig):
     out: str = "runs/video-classifier"
     arch: str = "r3d_18"
     stages: int = 3                # residual stages kept (4 = the whole network; 3: 256-d features, 7 MB fp16)
+    differences: bool = True       # the stem also sees frame differences (without: the motion head stayed at chance)
     frames: int = 8
     image_size: int = 32
     steps: int = 600
@@ -70,7 +71,8 @@ def evaluate(model: VideoClassifier, n: int = 512, seed: int = 0, batch: int = 6
 @recipe(VideoClassifierTrainConfig)
 def train_video_classifier(cfg: VideoClassifierTrainConfig) -> dict:
     run, device = start_run(cfg)
-    model = VideoClassifier(cfg.arch, NUM_CLASSES, len(MOTIONS), cfg.frames, cfg.image_size, cfg.stages).to(device)
+    model = VideoClassifier(cfg.arch, NUM_CLASSES, len(MOTIONS), cfg.frames, cfg.image_size, cfg.stages,
+                            cfg.differences).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},

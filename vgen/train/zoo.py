@@ -34,6 +34,15 @@ DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window"
 NAR_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0}  # photos-gpt's, for a like-for-like comparison
 
 
+def store_fp16(model, kind: str, out: Path):
+    """Write ``<out>/<kind>.safetensors`` with fp16 tensors (config in the metadata) and load it back (as fp32),
+    so the card can say what the rounding costs."""
+    from vgen.models import load_official
+    half = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
+    save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(model.config_dict())})
+    return load_official(kind, out / f"{kind}.safetensors")
+
+
 def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | None = None,
            n_test: int = 512, grid_seed: int = 0, grid: str | None = None, kind: str = "gpt",
            compare_to: str | None = None) -> dict:
@@ -54,10 +63,7 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     codes, labels = encode_split(vq, "test", n_test, seed=1)
     loss32 = test_loss(gpt, codes, labels)
     save_safetensors(vq.state_dict(), out / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
-    half = {k: (v.half() if v.is_floating_point() else v) for k, v in gpt.state_dict().items()}
-    save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(gpt.config_dict())})
-    gpt16 = load_official(kind, out / f"{kind}.safetensors")
-    loss16 = test_loss(gpt16, codes, labels)
+    loss16 = test_loss(store_fp16(gpt, kind, out), codes, labels)
     card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
             "generation": str(gpt.order), "token_shape": list(gpt.token_shape), "name": name,
             "num_classes": NUM_CLASSES, "vocab_size": gpt.vocab_size,
@@ -99,10 +105,7 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     codes, labels = encode_split(vae, "test", n_test, seed=1)
     loss32 = test_loss(var, vae, codes, labels)
     save_safetensors(vae.state_dict(), out / "msvq.safetensors", metadata={"config": json.dumps(vae.config_dict())})
-    half = {k: (v.half() if v.is_floating_point() else v) for k, v in var.state_dict().items()}
-    save_safetensors(half, out / "var.safetensors", metadata={"config": json.dumps(var.config_dict())})
-    var16 = load_official("var", out / "var.safetensors")
-    loss16 = test_loss(var16, vae, codes, labels)
+    loss16 = test_loss(store_fp16(var, "var", out), vae, codes, labels)
     card = {"model_kind": "var", "model": "var.safetensors", "tokenizer_kind": "msvq", "tokenizer": "msvq.safetensors",
             "generation": str(var.order), "token_shape": list(var.token_shape), "name": name,
             "num_classes": NUM_CLASSES, "vocab_size": var.vocab_size,
@@ -149,9 +152,7 @@ def export_video(vq_path: str, model_path: str, out: str, name: str, kind: str =
     codes, labels = encode_clips(vq, "test", n_test, seed=1, frames=t, size=frame)
     loss32 = test_loss(model, codes, labels)
     save_safetensors(vq.state_dict(), out / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
-    half = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
-    save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(model.config_dict())})
-    loss16 = test_loss(load_official(kind, out / f"{kind}.safetensors"), codes, labels)
+    loss16 = test_loss(store_fp16(model, kind, out), codes, labels)
     vq_metrics = evaluate(vq, 512)
     key = kind.replace("-", "_")
     card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
