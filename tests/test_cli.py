@@ -114,6 +114,7 @@ def test_help_and_unknown_command(tmp_path):
     assert r.returncode == 2 and "unknown command" in r.stderr
 
 
+@pytest.mark.slow
 def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     out = tmp_path / "bench"
     r, child_peak_mb = run_measured([sys.executable, "-m", "vgen", "bench", f"models=[{tiny_pipeline}]",

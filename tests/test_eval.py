@@ -70,7 +70,8 @@ def test_reference_statistics_are_cached_per_extractor_weights(cache, classifier
     assert len(list((cache / "torch-fidelity").iterdir())) > len(files)  # new weights -> new cache entry
 
 
-@pytest.mark.parametrize("backend", ["torch-fidelity", pytest.param("clean-fid", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch-fidelity", "clean-fid"])
 def test_inception_path_runs_offline_with_local_weights(cache, inception, backend):
     import vgen.eval as ev
     ref = real(8, seed=4)

@@ -333,4 +333,5 @@ def test_video_classifier_recipe_runs_resumes_and_loads(tmp_path):
     assert [r["step"] for r in log if "test_motion_accuracy" in r and not r.get("final")] == [1, 2, 3]
     clf = load_video_classifier(tmp_path / "vcls" / "classifier.safetensors")
     feats, cls, mot = clf(torch.zeros(2, 4, 3, 16, 16, dtype=torch.uint8))
-    assert feats.shape == (2, 512) and cls.shape == (2, 16) and mot.shape == (2, 4) and clf.frames == 4
+    assert feats.shape == (2, 256) and cls.shape == (2, 16) and mot.shape == (2, 4) and clf.frames == 4
+    assert clf.stages == 3 and clf.differences and clf.net.stem[0].in_channels == 6  # the recipe's defaults
