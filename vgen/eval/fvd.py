@@ -148,7 +148,7 @@ def frechet_distance(f1: np.ndarray, f2: np.ndarray) -> float:
 def extract_features(videos: torch.Tensor, extractor: str, net, batch_size: int = 16, device="cpu",
                      progress: bool = False) -> np.ndarray:
     """FVD features of uint8 clips (N, T, 3, H, W) -> float32 (N, D): the 400 I3D logits or the video
-    classifier's 512-d pooled features."""
+    classifier's pooled features (``net.num_features``: 256-d for the zoo's)."""
     fn = i3d_logits if extractor == "i3d" else video_classifier_features
     return fn(net, videos, batch_size=batch_size, device=device, progress=progress)
 
@@ -174,8 +174,8 @@ def fvd(samples, reference="clips-test", extractor: str = "photo", *, i3d_weight
     ``extractor="i3d"``: the StyleGAN-V protocol as cd-fvd packages it (``InceptionI3d(400)``, weights from
     ``i3d_weights`` or ``$VGEN_I3D_WEIGHTS``, ``preprocess_i3d``, the 400 logits). The I3D sees exactly 16 frames:
     clips shorter than 16 are stretched by repeating frames (frame k of 16 is frame ``k * T // 16``, so 8 frames
-    show twice each), longer clips keep their first 16. ``extractor="photo"`` (default): FVD-photo, the 512-d
-    features of the zoo's video classifier (``video_classifier``: another file, or a ``VideoClassifier`` object,
+    show twice each), longer clips keep their first 16. ``extractor="photo"`` (default): FVD-photo, the pooled
+    features of the zoo's video classifier (256-d) (``video_classifier``: another file, or a ``VideoClassifier`` object,
     put in eval mode), which fits clips to its own length the same way. Reference features are cached.
     """
     if extractor not in EXTRACTORS:

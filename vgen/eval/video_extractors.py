@@ -34,7 +34,7 @@ I3D_FILE = "i3d_pretrained_400.pt"
 I3D_URL = "https://github.com/songweige/TATS/raw/main/tats/fvd/" + I3D_FILE
 I3D_FRAMES = 16
 I3D_FEATURES = 400
-VIDEO_ARCHS = ("r3d_18", "mc3_18", "r2plus1d_18")  # torchvision video ResNets with a 512-d pooled feature
+VIDEO_ARCHS = ("r3d_18", "mc3_18", "r2plus1d_18")  # torchvision video ResNets (512-d pooled feature at 4 stages)
 
 
 def fit_frames(videos: torch.Tensor, frames: int) -> torch.Tensor:
@@ -60,8 +60,9 @@ def state_digest(module: nn.Module, n: int = 12) -> str:
 
 # ---------------------------------------------------------------- FVD-photo: the video classifier
 class VideoClassifier(nn.Module):
-    """A torchvision video ResNet (``r3d_18`` by default, random init) with two heads on its 512-d pooled
-    features: the photograph (``num_classes``) and the camera motion (``num_motions``: still, pan, zoom-in,
+    """A torchvision video ResNet (``r3d_18`` by default, random init; its first ``stages`` residual stages, pooled
+    features of 64 * 2**(stages-1) dims; ``differences``: the stem also sees frame differences) with two heads on its
+    pooled features: the photograph (``num_classes``) and the camera motion (``num_motions``: still, pan, zoom-in,
     zoom-out). ``forward(uint8 or 0..255 float clips (B, T, 3, H, W)) -> (features, class_logits,
     motion_logits)``; clips are fitted to ``frames`` frames (``fit_frames``) and their frames resized
     (antialiased bilinear) to ``image_size`` when they differ."""
@@ -146,7 +147,7 @@ def load_video_classifier(path: str | os.PathLike | None = None, device="cpu") -
                         "save_video_classifier or `vgen train recipe=video-classifier`") from None
     if "config" not in meta:
         raise VGenError(f"{p} has no 'config' metadata: is it a vgen video classifier?")
-    with torch.device("meta"):  # no random init of 33M parameters only to overwrite them
+    with torch.device("meta"):  # no random init of millions of parameters only to overwrite them
         model = VideoClassifier(**json.loads(meta["config"]))
     want = model.state_dict()
     if set(state) != set(want) or any(state[k].shape != want[k].shape for k in want):
@@ -239,7 +240,7 @@ def i3d_logits(net: nn.Module, videos: torch.Tensor, batch_size: int = 16, devic
 @torch.no_grad()
 def video_classifier_features(net: VideoClassifier, videos: torch.Tensor, batch_size: int = 16, device="cpu",
                               progress: bool = False) -> np.ndarray:
-    """The 512-d pooled features of uint8 clips (N, T, 3, H, W) -> float32 (N, 512)."""
+    """The pooled features of uint8 clips (N, T, 3, H, W) -> float32 (N, net.num_features)."""
     from tqdm.auto import tqdm
     out = []
     for i in tqdm(range(0, len(videos), batch_size), desc="video classifier", disable=not progress, leave=False):

@@ -23,8 +23,8 @@ import torch
 import torch.nn as nn
 
 from vgen.interfaces import Order
-from vgen.models.gpt import GPTConfig, count_indexed, find_multiple
-from vgen.models.loading import register_kind
+from vgen.models.gpt import GPTConfig, find_multiple
+from vgen.models.loading import count_indexed, register_kind
 from vgen.models.nar import NAR
 
 

@@ -166,7 +166,7 @@ class Sampler:
                                 "tokenizer this model was trained with")
             kw["codebook"] = codebook[: spec.vocab_size]
         if prefix is not None:
-            kw["prefix"] = self.check_prefix(model, prefix, cond.shape[0])
+            kw["prefix"] = self.check_prefix(model, prefix, cond.shape[0]).to(cond.device)
         return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
 
     def check_prefix(self, model, prefix: torch.Tensor, n: int) -> torch.Tensor:
@@ -183,7 +183,7 @@ class Sampler:
         if prefix.numel() and (int(prefix.min()) < 0 or int(prefix.max()) >= model.vocab_size):
             raise VGenError(f"prefix tokens must be in 0..{model.vocab_size - 1}: encode the prompt with this "
                             "model's tokenizer")
-        return prefix.to(device=cond_device(model), dtype=torch.long)
+        return prefix.long()
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
         """Default batching: consecutive chunks of ``batch_size`` (samplers with ragged progress override this
@@ -199,10 +199,6 @@ class Sampler:
 
     def _sample(self, model, cond, seeds, progress, codebook=None):  # pragma: no cover - abstract
         raise NotImplementedError
-
-
-def cond_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
