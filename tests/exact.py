@@ -72,3 +72,18 @@ def conditional_tv(model, tokens, label, cfg, min_count=400, **opts):
             total += n
             worst = max(worst, d)
     return weighted / total, worst
+
+
+def energy_test(x: torch.Tensor, y: torch.Tensor, permutations: int = 300, seed: int = 0) -> tuple[float, float]:
+    """Two-sample energy-distance test on samples (n, d) and (m, d): (statistic, permutation p-value).
+    The statistic 2 E|X-Y| - E|X-X'| - E|Y-Y'| is -w^T D w for group weights w (1/n on x, -1/m on y) and the
+    pooled distance matrix D, so all permutations are one matrix product."""
+    z = torch.cat([x.flatten(1), y.flatten(1)]).double()
+    n, N = len(x), len(x) + len(y)
+    D = torch.cdist(z, z)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.arange(N)] + [torch.randperm(N, generator=g) for _ in range(permutations)])
+    W = torch.where(idx < n, 1.0 / n, -1.0 / (N - n)).double()  # row 0: the observed split
+    stat = -((W @ D) * W).sum(1)
+    p = (int((stat[1:] >= stat[0]).sum()) + 1) / (permutations + 1)
+    return float(stat[0]), p

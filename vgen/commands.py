@@ -32,8 +32,9 @@ def sample(cfg: DictConfig):
         from vgen.interfaces import plain_sampler  # with the options given that it takes
         from vgen.pipeline import read_card
         from vgen.samplers import sampler_class
-        sampler = plain_sampler(read_card(cfg.model.path or cfg.model.name))
-        options = {k: v for k, v in options.items() if k in sampler_class(sampler).Options.names()}
+        card = read_card(cfg.model.path or cfg.model.name)
+        sampler = plain_sampler(card)
+        options = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names()}
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,
                     labels=None if cfg.labels is None else list(cfg.labels), num_samples=cfg.num_samples,
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,

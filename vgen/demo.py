@@ -88,8 +88,9 @@ class Demo:
         """The options given (not None) that this sampler accepts, validated by the sampler against the card."""
         from vgen.pipeline import read_card, resolve_sampler
         from vgen.samplers import sampler_class
-        opts = {k: v for k, v in options.items() if k in sampler_class(sampler).Options.names() and v is not None}
-        resolve_sampler(read_card(name), sampler, **opts)  # raises VGenError on bad values
+        card = read_card(name)
+        opts = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names() and v is not None}
+        resolve_sampler(card, sampler, **opts)  # raises VGenError on bad values
         return opts
 
     # ------------------------------------------------------------------ work
@@ -114,7 +115,7 @@ class Demo:
         for x in names:
             check_fits(x, card)
         given = {k for k, v in (options or {}).items() if v is not None}
-        unused = sorted(given - set().union(*(sampler_class(x).Options.names() for x in names)))
+        unused = sorted(given - set().union(*(sampler_class(x, card).Options.names() for x in names)))
         if unused:
             raise VGenError(f"option(s) {', '.join(unused)} mean nothing to {', '.join(names)}: clear them or "
                             "choose a sampler that takes them")
@@ -124,7 +125,7 @@ class Demo:
         runs = []
         for x in names:
             o = self.options_for(name, x, options or {})
-            if "kv_compression" in sampler_class(x).Options.names() and comp not in (None, "none"):
+            if "kv_compression" in sampler_class(x, card).Options.names() and comp not in (None, "none"):
                 runs.append((f"{x} (full cache)", x, {**o, "kv_compression": "none"}))
                 runs.append((f"{x} ({comp} {o.get('kv_budget', 0.1):.0%})", x, o))
             else:
@@ -164,12 +165,13 @@ class Demo:
 def option_fields() -> dict[str, dataclasses.Field]:
     """Every option of the listed samplers, once (the first sampler's field where two share a name), in a stable
     order: the demo's widgets."""
-    from vgen.samplers import list_samplers, sampler_class
+    from vgen.samplers import list_samplers, sampler_classes
     out: dict[str, dataclasses.Field] = {}
     for n in list_samplers():
-        for f in dataclasses.fields(sampler_class(n).Options):
-            if f.name not in HIDDEN_WIDGETS:
-                out.setdefault(f.name, f)
+        for cls in sampler_classes(n):
+            for f in dataclasses.fields(cls.Options):
+                if f.name not in HIDDEN_WIDGETS:
+                    out.setdefault(f.name, f)
     return out
 
 

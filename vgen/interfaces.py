@@ -27,6 +27,7 @@ from vgen.errors import VGenError
 
 if TYPE_CHECKING:
     from vgen.kernels.kv_cache import KVCache
+    from vgen.models.diffusion_head import HeadSample
     from vgen.kernels.staged_cache import CachePolicy, StagedKVCache
 
 
@@ -35,8 +36,9 @@ class Order(str, enum.Enum):
     NEXT_TOKEN = "next-token"          # one token after another in raster order (LlamaGen GPT): NextTokenModel
     NEXT_SCALE = "next-scale"          # a whole token map per scale, coarse to fine (VAR): NextScaleModel
     NEXT_NEIGHBOUR = "next-neighbour"  # one anti-diagonal of the grid per pass (NAR): NextNeighbourModel
-    CONTINUOUS_NEXT_TOKEN = "continuous-next-token"  # float latents, one per step, from a diffusion head (reserved)
-    MASKED = "masked"                  # any subset of positions per step, e.g. MAR (reserved)
+    CONTINUOUS_NEXT_TOKEN = "continuous-next-token"  # float latents in raster order from a diffusion head (causal
+                                                     # MAR "AR" variant): ContinuousNextTokenModel
+    MASKED = "masked"                  # float latents, any subset of positions per step, bidirectional (MAR): MaskedModel
 
     def __str__(self) -> str:
         return self.value
@@ -122,6 +124,50 @@ class NextScaleModel(GenerativeModel, Protocol):
     def next_scale_input(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor): ...
 
 
+class DiffusionHeadModel(GenerativeModel, Protocol):
+    """A model whose tokens are float latents drawn by a per-token diffusion head (MAR's "Diffusion Loss") from a
+    condition vector ``z`` the transformer computes: ``token_type`` is ``latents`` with ``token_channels`` values."""
+    token_channels: int
+    num_sampling_steps: int          # the head's default number of respaced reverse steps
+
+    def sample_head(self, z: torch.Tensor, noise: torch.Tensor, step_noise: torch.Tensor, temperature: float = 1.0,
+                    cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, last_noise: bool = False,
+                    stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False) -> HeadSample:
+        """Conditions ``z`` (B, D) ((2B, D) rows [cond; uncond] when guided), start noise (B, C), per-step noise
+        (steps, B, C) -> the token (B, C) and its last step's Gaussian (see :mod:`vgen.models.diffusion_head`);
+        ``path``: also the reverse process's states and their log-density."""
+
+    def head_path_logpdf(self, z: torch.Tensor, states: torch.Tensor, temperature: float = 1.0,
+                         cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, stop_sigma: float = 0.0,
+                         clip_x0: float = 0.0) -> torch.Tensor:
+        """log-density (B,) of reverse paths ``states`` (S + 1, B, C) under the head, all steps in one batch."""
+
+
+@runtime_checkable
+class ContinuousNextTokenModel(DiffusionHeadModel, Protocol):
+    """Raster-order causal model over float latents with a static KV cache (slots are positions)."""
+    cond_len: int
+
+    def new_cache(self, batch_size: int) -> KVCache: ...
+
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Condition (B,) -> the head condition (B, D) for token 0; fills the cache's condition slots."""
+
+    def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Latent tokens (B, S, C) at positions (S,) or (B, S) -> head conditions (B, S, D), each for the token
+        after its input."""
+
+
+@runtime_checkable
+class MaskedModel(DiffusionHeadModel, Protocol):
+    """Bidirectional masked model (MAR): every call sees all known tokens and predicts conditions everywhere."""
+
+    def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, L, C) with ``mask`` (B, L) (1 = unknown, to predict), class ids (B,) (the null class for
+        the unconditional rows) -> head conditions (B, L, D)."""
+
+
 # ---- tokenizers -----------------------------------------------------------------------------------------------
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -151,6 +197,17 @@ class ModelSpec:
     def vocab_size(self) -> int | None:
         return self.token_type.vocab_size
 
+    def token_mismatch(self, other: ModelSpec) -> tuple[str, object, object] | None:
+        """The first of generation order, token type, token grid and classes where ``other`` (e.g. a draft)
+        differs from this model: (what, other's, this one's), or None when it makes the same tokens."""
+        for what, a, b in (("generation order", other.order, self.order),
+                           ("token type", other.token_type, self.token_type),
+                           ("token grid", other.token_shape, self.token_shape),
+                           ("number of classes", other.num_classes, self.num_classes)):
+            if a != b:
+                return what, a, b
+        return None
+
     @classmethod
     def of(cls, model_or_card) -> ModelSpec:
         if isinstance(model_or_card, ModelSpec):
@@ -177,29 +234,29 @@ class ModelSpec:
 
 def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
     """Names of the registered samplers that drive this model's order."""
-    from vgen.samplers.base import sampler_class, list_samplers
+    from vgen.samplers.base import list_samplers, sampler_classes
     order = ModelSpec.of(model_or_card).order
-    return [n for n in list_samplers(include_hidden) if sampler_class(n).order == order]
+    return [n for n in list_samplers(include_hidden)
+            if any(c.order == order and (include_hidden or not c.hidden) for c in sampler_classes(n))]
 
 
 def check_fits(sampler: str, model_or_card) -> None:
     """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
-    from vgen.samplers.base import sampler_class
+    from vgen.samplers.base import sampler_classes
     spec = ModelSpec.of(model_or_card)
-    cls = sampler_class(sampler)
-    if cls.order != spec.order:
-        raise VGenError(f"sampler {sampler!r} does {cls.order} generation but {spec.name} is a {spec.order} model: "
-                        f"use one of {', '.join(fitting_samplers(spec))}")
+    orders = [c.order for c in sampler_classes(sampler)]
+    if spec.order not in orders:
+        raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
+                        f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
 
 
 def plain_sampler(model_or_card) -> str:
     """The model's plain sampler (``ar``, ``var``, ``nar``): what runs when none is named, the baseline others
     are compared to."""
-    from vgen.samplers.base import sampler_class, list_samplers
+    from vgen.samplers.base import list_samplers, sampler_classes
     order = ModelSpec.of(model_or_card).order
     for n in list_samplers(include_hidden=True):
-        c = sampler_class(n)
-        if c.order == order and c.plain:
+        if any(c.order == order and c.plain for c in sampler_classes(n)):
             return n
     raise VGenError(f"no sampler is registered for {order} models")
 

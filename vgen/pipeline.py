@@ -75,7 +75,7 @@ def card_sampling_defaults(card: dict, sampler: str) -> dict:
     """A card's recommended options, restricted to what ``sampler`` accepts, aliases resolved (e.g. an old card's
     VAR ``cfg``). Options naming files (``*_calibration``) are resolved against the card's folder."""
     from vgen.samplers import sampler_class
-    Options = sampler_class(sampler).Options
+    Options = sampler_class(sampler, card).Options
     out = Options.normalize({k: v for k, v in (card.get("sampling") or {}).items() if k in Options.names()})
     for k, v in out.items():
         if k.endswith("_calibration") and isinstance(v, str) and "_folder" in card and not Path(v).is_absolute():
@@ -88,10 +88,35 @@ def resolve_sampler(card: dict, sampler: str, **options):
     the card (order, vocabulary, classes). Needs only the card: callers check input before any weights load."""
     from vgen.samplers import get_sampler, sampler_class
     check_fits(sampler, card)
-    given = sampler_class(sampler).Options.normalize({k: v for k, v in options.items() if v is not None})
-    s = get_sampler(sampler, **{**card_sampling_defaults(card, sampler), **given})
+    given = sampler_class(sampler, card).Options.normalize({k: v for k, v in options.items() if v is not None})
+    s = get_sampler(sampler, card, **{**card_sampling_defaults(card, sampler), **given})
     s.validate(card)
+    if s.needs_draft:
+        check_draft_card(card, s.options.draft or card.get("draft", ""))
     return s
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_draft_card(card: dict, draft: str) -> None:
+    """A draft must make the target's tokens: the same tokenizer (file contents), token grid, token type and
+    classes. Checked from the two cards, before any weights load."""
+    from vgen.interfaces import ModelSpec
+    if not draft:
+        raise VGenError(f"{ModelSpec.from_card(card).name} names no draft model: pass draft=<zoo name or folder>")
+    dcard = read_card(draft)
+    bad = ModelSpec.from_card(card).token_mismatch(ModelSpec.from_card(dcard))
+    if bad:
+        raise VGenError(f"draft {draft!r} has another {bad[0]} ({bad[1]}) than the target ({bad[2]}): a draft must "
+                        "be trained on the target's tokenizer and grid")
+    if "_folder" in card and "_folder" in dcard:
+        tf, df = Path(card["_folder"]) / card["tokenizer"], Path(dcard["_folder"]) / dcard["tokenizer"]
+        if tf.exists() and df.exists() and tf.stat().st_size + df.stat().st_size < 2 ** 28 and _sha256(tf) != _sha256(df):
+            raise VGenError(f"draft {draft!r} comes with another tokenizer than the target ({df} differs from {tf}): "
+                            "its tokens mean something else; train the draft on the target's tokenizer")
 
 
 def check_prompt(card: dict, prompt, frames: int) -> None:
@@ -121,7 +146,7 @@ def check_prompt(card: dict, prompt, frames: int) -> None:
 @dataclass
 class Generation:
     """What ``Pipeline.generate`` returns. ``pixels``: uint8 images (N, 3, H, W) or videos (N, T, 3, H, W);
-    ``tokens``: codes (int64) or latents (float), (N, seq_len) in raster order."""
+    ``tokens``: codes (int64) (N, seq_len) or latents (float) (N, seq_len, channels), in raster order."""
     pixels: torch.Tensor
     tokens: torch.Tensor
     labels: torch.Tensor  # (N,)
@@ -227,10 +252,22 @@ class Pipeline:
             torch.set_num_threads(1)
         try:
             if len(shape) == 3:  # a clip, tokenized frame by frame: its frames decode as one batch
-                return torch.stack([to_uint8(self.tokenizer.decode(t.view(*shape))) for t in tokens]).cpu()
-            return torch.cat([to_uint8(self.tokenizer.decode(t.view(1, *shape))) for t in tokens]).cpu()
+                return torch.stack([to_uint8(self.tokenizer.decode(t.view(*shape, *t.shape[1:]))) for t in tokens]).cpu()
+            # latents keep their channels last: (h, w, C)
+            return torch.cat([to_uint8(self.tokenizer.decode(t.view(1, *shape, *t.shape[1:]).to(self.device)))
+                              for t in tokens]).cpu()
         finally:
             torch.set_num_threads(threads)
+
+    def draft_model(self, name: str = ""):
+        """The draft model a speculative sampler runs next to this one: ``name`` (a zoo name or pipeline folder;
+        '' = the card's ``draft``), loaded once and kept."""
+        name = name or self.card.get("draft", "")
+        drafts = self.__dict__.setdefault("_drafts", {})
+        if name not in drafts:
+            check_draft_card(self.card, name)
+            drafts[name] = Pipeline.from_pretrained(name, device=self.device).model
+        return drafts[name]
 
     @torch.inference_mode()
     def encode_prompt(self, prompt, frames: int, n: int) -> torch.Tensor:
@@ -270,8 +307,9 @@ class Pipeline:
             seeds = [validate.seed(x) for x in seeds]
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
+        draft = self.draft_model(s.options.draft) if s.needs_draft else None
         tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,
-                          codebook=codebook, batch_size=batch_size, prefix=prefix)
+                          codebook=codebook, batch_size=batch_size, prefix=prefix, draft=draft)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
@@ -296,9 +334,13 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
     save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
     card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
             "generation": str(model.order), "num_classes": model.num_classes,
-            "vocab_size": model.token_type.vocab_size, "token_shape": list(model.token_shape),
+            "token_shape": list(model.token_shape),
             "class_names": class_names or [str(i) for i in range(model.num_classes)],
             "sampling": sampling or {}, **(extra or {})}
+    if model.token_type.kind == "latents":
+        card.update(token_kind="latents", latent_channels=model.token_type.channels)
+    else:
+        card["vocab_size"] = model.token_type.vocab_size
     down = getattr(getattr(tokenizer, "config", None), "downsample", None)
     if isinstance(down, int) and len(model.token_shape) > 1:  # pixels per side of an image or frame
         card.setdefault("image_size", model.token_shape[-1] * down)

@@ -3,7 +3,9 @@
 A sampler's stats (per run of N samples):
 
 * counts and times that add up over parts: ``forward_passes``, ``tokens``, ``seconds``; a pipeline adds
-  ``num_samples``, ``sample_seconds`` and ``decode_seconds``;
+  ``num_samples``, ``sample_seconds`` and ``decode_seconds``; continuous samplers split their time
+  (``transformer_seconds``, ``head_seconds``; CSpD: ``target_transformer_seconds``, ``target_head_seconds``,
+  ``draft_seconds``, ``verify_seconds``) and count ``draft_passes``;
 * sizes whose whole is the largest part: ``kv_cache_bytes``, ``kv_full_bytes``;
 * per-sample means, weighted by the part's samples: ``nll``, ``accepted_per_step``, ``acceptance_rate``,
   ``kv_fraction``, ``kv_kept_fraction``;
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import torch
 
-SUMMED = ("forward_passes", "tokens", "seconds", "num_samples", "sample_seconds", "decode_seconds")
+SUMMED = ("forward_passes", "tokens", "seconds", "num_samples", "sample_seconds", "decode_seconds", "draft_passes",
+          "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds", "draft_seconds",
+          "verify_seconds")
 LARGEST = ("kv_cache_bytes", "kv_full_bytes")
 
 

@@ -14,14 +14,21 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 
-def sampler_schema(sampler_cls) -> type:
-    """The ``sampler=<name>`` config node of a sampler class: ``name`` plus every option, all defaulting to None."""
-    fields = [("name", str, dataclasses.field(default=sampler_cls.name))]
-    for f in dataclasses.fields(sampler_cls.Options):
-        fields.append((f.name, Optional[_resolve(f.type)], dataclasses.field(default=None)))
-    for alias in sampler_cls.Options.aliases:
-        fields.append((alias, Optional[Any], dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(f"{sampler_cls.__name__}Config", fields)
+def sampler_schema(*sampler_classes) -> type:
+    """The ``sampler=<name>`` config node of the classes registered under one name (one per generation order):
+    ``name`` plus every option of any of them, all defaulting to None (the sampler checks what it takes)."""
+    first = sampler_classes[0]
+    fields, seen = [("name", str, dataclasses.field(default=first.name))], {"name"}
+    for cls in sampler_classes:
+        for f in dataclasses.fields(cls.Options):
+            if f.name not in seen:
+                seen.add(f.name)
+                fields.append((f.name, Optional[_resolve(f.type)], dataclasses.field(default=None)))
+        for alias in cls.Options.aliases:
+            if alias not in seen:
+                seen.add(alias)
+                fields.append((alias, Optional[Any], dataclasses.field(default=None)))
+    return dataclasses.make_dataclass(f"{first.__name__}Config", fields)
 
 
 def _resolve(t):
@@ -137,10 +144,11 @@ class TrainSchema:
 
 
 def register() -> None:
-    from vgen.samplers import list_samplers, sampler_class
+    from vgen.samplers import list_samplers, sampler_classes
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
-                                    VideoNARTrainConfig, VQTrainConfig)
+                                    VideoNARTrainConfig, VQTrainConfig, KLTrainConfig,
+                                    ContinuousTrainConfig)
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
@@ -150,7 +158,7 @@ def register() -> None:
     cs.store(name="scalekv_schema", node=ScaleKVSchema)
     cs.store(group="vgen_schema", name="model", node=ModelSchema)
     for name in list_samplers(include_hidden=True):
-        cs.store(group="sampler", name=name, node=sampler_schema(sampler_class(name)))
+        cs.store(group="sampler", name=name, node=sampler_schema(*sampler_classes(name)))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)
     cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)
@@ -160,3 +168,5 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_video_gpt", node=VideoGPTTrainConfig)
     cs.store(group="vgen_schema", name="recipe_video_nar", node=VideoNARTrainConfig)
     cs.store(group="vgen_schema", name="recipe_video_classifier", node=VideoClassifierTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_kl", node=KLTrainConfig)
+    cs.store(group="vgen_schema", name="recipe_continuous", node=ContinuousTrainConfig)

@@ -91,12 +91,12 @@ class Plan:
         from vgen.interfaces import fitting_samplers
         return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
 
-    def sampler_options(self, setting: str) -> tuple[str, dict]:
-        """The sampler and its options for a setting: every-cell options, ``compile`` where the sampler takes
-        it, then the setting's own."""
-        from vgen.samplers import sampler_class
+    def sampler_options(self, setting: str, model: str | None = None) -> tuple[str, dict]:
+        """The sampler and its options for a setting (on ``model``: a name may do several generation orders):
+        every-cell options, ``compile`` where the sampler takes it, then the setting's own."""
+        from vgen.samplers import option_names, sampler_class
         name, own = self.settings[setting]
-        names = sampler_class(name).Options.names()
+        names = sampler_class(name, self.cards[model]).Options.names() if model else option_names(name)
         common = {k: v for k, v in {**self.options, "compile": self.cfg.compile}.items() if k in names}
         return name, {**common, **own}
 
@@ -144,8 +144,8 @@ def plan(cfg) -> Plan:
         if not ms:
             raise VGenError(f"sampler setting {v!r} fits none of the models {list(cfg.models)} (next-token samplers "
                             "drive GPT-like models, `var` next-scale models, `nar` next-neighbour models)")
-        name, o = p.sampler_options(v)
         for m in ms:
+            name, o = p.sampler_options(v, m)
             resolve_sampler(p.cards[m], name, **o)
     p.cells = [(m, v, b) for m in cfg.models for b in cfg.batch_sizes for v in settings if p.fits(m, v)]
     return p
@@ -164,12 +164,14 @@ def run(p: Plan) -> tuple[dict, dict]:
         """num_samples images (labels i % classes, seeds seed + i), at most b per forward pass (speculative
         samplers refill a finished sample's slot with the next one)."""
         pipe, n = pipes[m], cfg.num_samples
-        name, o = p.sampler_options(v)
+        name, o = p.sampler_options(v, m)
         sampler = pipe.make_sampler(name, **o)
         codebook = pipe.tokenizer.codebook() if sampler.needs_codebook else None
+        draft = pipe.draft_model(sampler.options.draft) if sampler.needs_draft else None
         cond = torch.tensor([i % pipe.num_classes for i in range(n)], device=pipe.device)
         t0 = time.perf_counter()
-        _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b)
+        _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b,
+                        draft=draft)
         return {**numeric(st), "seconds": time.perf_counter() - t0}
 
     runs = {c: [] for c in p.cells}
@@ -281,7 +283,7 @@ def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int) -> t
     """The images of ``n`` samples of a setting (labels i % classes, seeds seed + i): not timed. Samples do not
     depend on the batch size, so one set serves every batch size."""
     pipe = pipes[model]
-    name, o = p.sampler_options(setting)
+    name, o = p.sampler_options(setting, model)
     return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
                          batch_size=max(p.cfg.batch_sizes), **o).pixels
 

@@ -213,13 +213,17 @@ class GPT(nn.Module):
             self.cls_embedding = CaptionEmbedder(cfg.caption_dim, cfg.dim, cfg.class_dropout_prob, cfg.cls_token_num)
         else:
             raise ValueError(f"model_type must be 'c2i' or 't2i', got {cfg.model_type!r}")
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.tok_embeddings = self.build_embedding()
         self.tok_dropout = nn.Dropout(cfg.token_dropout_p)
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layer))
         self.build_heads()
         self.register_buffer("freqs_cis", self.rope_table(), persistent=False)
         self.apply(self._init_weights)
         self.init_heads()
+
+    def build_embedding(self) -> nn.Module:
+        """Token ids -> vectors (a model over continuous tokens projects them instead)."""
+        return nn.Embedding(self.config.vocab_size, self.config.dim)
 
     def build_heads(self) -> None:
         """The output head(s): LlamaGen's next-token head reads after the last block."""

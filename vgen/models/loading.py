@@ -28,14 +28,17 @@ _PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.")
 
 def register_kind(name: str, builder: Callable, config_cls, infer: Callable, signature: Callable[[dict], bool],
                   description: str, *, preset: Callable[[dict], str | None] | None = None,
-                  finalize: Callable[[dict, dict, dict], dict] | None = None, required: tuple[str, ...] = ()):
+                  finalize: Callable[[dict, dict, dict], dict] | None = None, required: tuple[str, ...] = (),
+                  convert: Callable[[dict], dict] | None = None):
     """Make a model or tokenizer kind loadable by name; called where the kind is defined (timm's
     ``register_model`` pattern). ``builder(config)`` builds it from its ``config_cls``; ``infer(state_dict)`` reads
     what config it can from tensor shapes; ``signature(state_dict)`` recognises its checkpoints; ``preset(cfg)`` names
     the released size a config matches; ``finalize(cfg, inferred, given)`` adjusts the merged config;
-    ``required`` lists fields that must come from the caller or the file's metadata when the shapes cannot say."""
+    ``required`` lists fields that must come from the caller or the file's metadata when the shapes cannot say;
+    ``convert(state_dict)`` maps other released key layouts onto the model's (before anything else reads them)."""
     _KINDS[name] = dict(builder=builder, config_cls=config_cls, infer=infer, signature=signature,
-                        description=description, preset=preset, finalize=finalize, required=required)
+                        description=description, preset=preset, finalize=finalize, required=required,
+                        convert=convert)
 
 
 def list_kinds() -> list[str]:
@@ -136,6 +139,8 @@ def load_official(kind: str, src, *, filename: str | None = None, revision: str 
     from vgen.hub import resolve_checkpoint
     src = resolve_checkpoint(src, filename=filename, revision=revision)
     sd, meta = read_checkpoint(src)
+    if k["convert"] is not None and k["signature"](sd):
+        sd = k["convert"](sd)
     inferred = k["infer"](sd)
     sd = {key: v for key, v in sd.items() if key != "freqs_cis"}
     found = detect_kind(sd)

@@ -1,7 +1,7 @@
 """Samplers: one file per method over shared kernels. ``sample(model, labels, sampler=..., seed=...)``."""
-from vgen.samplers import ar, gsd, lantern, llamagen_loop, nar, sjd, var  # noqa: F401  (register every sampler)
+from vgen.samplers import ar, ar_latent, cspd, gsd, lantern, llamagen_loop, mar, nar, sjd, var  # noqa: F401  (register every sampler)
 from vgen.samplers.base import (Options, Sampler, SamplingOptions, TokenOptions, as_cond, get_sampler, list_samplers,
-                                option, register_sampler, sample, sampler_class)
+                                option, option_names, register_sampler, sample, sampler_class, sampler_classes)
 
 __all__ = ["Options", "Sampler", "SamplingOptions", "TokenOptions", "as_cond", "get_sampler", "list_samplers", "option",
-           "register_sampler", "sample", "sampler_class"]
+           "register_sampler", "sample", "sampler_class", "sampler_classes", "option_names"]

@@ -26,7 +26,7 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order, check_fits
 from vgen.stats import merge_stats
 
-_SAMPLERS: dict[str, type[Sampler]] = {}
+_SAMPLERS: dict[str, dict[Order, type[Sampler]]] = {}  # name -> the class doing that method for each order
 
 
 def option(default, help: str, choices: tuple | None = None):  # noqa: A002 (the dataclass metadata key)
@@ -122,6 +122,7 @@ class Sampler:
     plain: bool = False
     hidden: bool = False
     needs_codebook: bool = False
+    needs_draft: bool = False
     prefix: bool = False
 
     def __init__(self, **options):
@@ -135,16 +136,20 @@ class Sampler:
         """Does this sampler fit the model, and do its options? (A card works too: nothing needs weights.)"""
         spec = ModelSpec.of(model_or_card)
         check_fits(self.name, spec)
+        if spec.order != self.order:
+            raise VGenError(f"this {self.name!r} sampler does {self.order} generation and {spec.name} is a "
+                            f"{spec.order} model: get the one that fits with get_sampler({self.name!r}, model=...)")
         self.options.validate(spec)
         return spec
 
     @torch.inference_mode()
     def __call__(self, model, cond: torch.Tensor, seeds: list[int], progress: bool = False,
                  codebook: torch.Tensor | None = None, batch_size: int | None = None,
-                 prefix: torch.Tensor | None = None):
+                 prefix: torch.Tensor | None = None, draft=None):
         """Sample one token sequence per condition, at most ``batch_size`` (default: all) per forward pass.
         ``prefix`` (N, P) int: the first P tokens of every sequence are given (not sampled): the sampler continues
-        them (token P on is drawn exactly as if tokens < P had been drawn)."""
+        them (token P on is drawn exactly as if tokens < P had been drawn). ``draft``: the draft model of a sampler
+        that needs one (``needs_draft``)."""
         spec = self.validate(model)
         if cond.dtype in (torch.int32, torch.int64):
             bad = cond[(cond < 0) | (cond >= spec.num_classes)]
@@ -167,12 +172,16 @@ class Sampler:
             kw["codebook"] = codebook[: spec.vocab_size]
         if prefix is not None:
             kw["prefix"] = self.check_prefix(model, prefix, cond.shape[0]).to(cond.device)
+        if self.needs_draft:
+            kw["draft"] = self.check_draft(model, draft)
+        elif draft is not None:
+            raise VGenError(f"sampler {self.name!r} takes no draft model")
         return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
 
     def check_prefix(self, model, prefix: torch.Tensor, n: int) -> torch.Tensor:
         if not self.prefix:
             raise VGenError(f"sampler {self.name!r} cannot continue given tokens: use "
-                            f"{', '.join(s for s in list_samplers() if sampler_class(s).prefix)}")
+                            f"{', '.join(s for s in list_samplers() if sampler_class(s, self.order).prefix)}")
         if not isinstance(prefix, torch.Tensor) or prefix.dim() != 2 or prefix.is_floating_point():
             raise VGenError("prefix must be an integer token tensor (N, P)")
         if prefix.shape[0] != n:
@@ -184,6 +193,17 @@ class Sampler:
             raise VGenError(f"prefix tokens must be in 0..{model.vocab_size - 1}: encode the prompt with this "
                             "model's tokenizer")
         return prefix.long()
+
+    def check_draft(self, model, draft):
+        """A draft must make the target's tokens: same order, grid, token type and classes."""
+        if draft is None:
+            raise VGenError(f"sampler {self.name!r} needs a draft model: pass draft=<model> (a Pipeline loads the one "
+                            "its card names, or draft=<zoo name or folder>)")
+        bad = ModelSpec.of(model).token_mismatch(ModelSpec.of(draft))
+        if bad:
+            raise VGenError(f"the draft's {bad[0]} ({bad[1]}) differs from the target's ({bad[2]}): a draft must be "
+                            "trained on the target's tokenizer and grid")
+        return draft
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
         """Default batching: consecutive chunks of ``batch_size`` (samplers with ragged progress override this
@@ -202,25 +222,43 @@ class Sampler:
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
-    """Class decorator: make a sampler reachable by its ``name`` (CLI, pipelines, bench, demo)."""
+    """Class decorator: make a sampler reachable by its ``name`` (CLI, pipelines, bench, demo). One name may
+    name one method for several generation orders (``ar``: codes or latents), one class per order."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} has no name")
-    _SAMPLERS[cls.name] = cls
+    _SAMPLERS.setdefault(cls.name, {})[Order(cls.order)] = cls
     return cls
 
 
 def list_samplers(include_hidden: bool = False) -> list[str]:
-    return sorted(n for n, c in _SAMPLERS.items() if include_hidden or not c.hidden)
+    return sorted(n for n, by in _SAMPLERS.items() if include_hidden or not all(c.hidden for c in by.values()))
 
 
-def sampler_class(name: str) -> type[Sampler]:
+def sampler_classes(name: str) -> list[type[Sampler]]:
+    """Every class registered under ``name`` (one per generation order it serves)."""
     if name not in _SAMPLERS:
         raise VGenError(f"unknown sampler {name!r}; available samplers: {', '.join(list_samplers())}")
-    return _SAMPLERS[name]
+    return list(_SAMPLERS[name].values())
 
 
-def get_sampler(name: str, **options) -> Sampler:
-    return sampler_class(name)(**options)
+def sampler_class(name: str, model=None) -> type[Sampler]:
+    """The class of sampler ``name``; for ``model`` (a model, card, :class:`ModelSpec` or :class:`Order`) the one
+    doing that model's order (the first registered when none is given or none fits: ``validate`` then says why)."""
+    classes = sampler_classes(name)
+    if model is not None:
+        order = model if isinstance(model, Order) else ModelSpec.of(model).order
+        return _SAMPLERS[name].get(order, classes[0])
+    return classes[0]
+
+
+def option_names(name: str) -> set[str]:
+    """Every option ``name`` takes for some order."""
+    return set().union(*(c.Options.names() for c in sampler_classes(name)))
+
+
+def get_sampler(name: str, model=None, **options) -> Sampler:
+    """Sampler ``name`` with ``options``; give ``model`` (or its card) for names serving several orders."""
+    return sampler_class(name, model)(**options)
 
 
 def as_cond(labels, device=None) -> torch.Tensor:
@@ -236,13 +274,14 @@ def as_cond(labels, device=None) -> torch.Tensor:
 
 def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
            codebook: torch.Tensor | None = None, batch_size: int | None = None,
-           prefix: torch.Tensor | None = None, **options):
+           prefix: torch.Tensor | None = None, draft=None, **options):
     """Sample tokens: returns ``(tokens (N, seq_len), stats dict)``. Sample i uses seed ``seed + i``: it is
-    identical to running it alone with that seed. ``prefix`` (N, P): given first tokens to continue."""
+    identical to running it alone with that seed. ``prefix`` (N, P): given first tokens to continue; ``draft``: the
+    draft model of a sampler that needs one (``cspd``)."""
     from vgen import validate
-    s = get_sampler(sampler, **options)
+    s = get_sampler(sampler, model=model, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)
     seed = validate.seed(seed, cond.shape[0])
     return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook,
-             batch_size=batch_size, prefix=prefix)
+             batch_size=batch_size, prefix=prefix, draft=draft)

@@ -54,6 +54,14 @@ class RecipeConfig:
     device: str = "cpu"            # cpu | cuda | cuda:N
 
 
+def adamw(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.95) with weight decay on matrices only (not on norms, biases or 1-D tables)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+
+
 _RECIPES: dict[type, Callable] = {}
 
 

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from vgen.data import NUM_CLASSES
 from vgen.models.gpt import GPT, GPTConfig
-from vgen.train.common import RecipeConfig, autocast, cached_codes, recipe, start_run, train_loop
+from vgen.train.common import RecipeConfig, adamw, autocast, cached_codes, recipe, start_run, train_loop
 
 
 @dataclass
@@ -63,10 +63,7 @@ def train_gpt(cfg: GPTTrainConfig, model_cls=GPT, config_cls=GPTConfig, export_n
     te_codes, te_labels = (t.to(device) for t in cached_codes(run, tokenizer, "test", cfg.n_test, cfg.seed + 1,
                                                               encode))
     model = model_cls(config_cls(**cfg.model)).to(device)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
     g = torch.Generator()
 
     def step_fn(step):

@@ -1,5 +1,7 @@
 """Every zoo recipe (importing this registers them all with ``vgen.train.common.recipe``)."""
+from vgen.train.continuous import ContinuousTrainConfig, train_continuous
 from vgen.train.gpt import GPTTrainConfig, train_gpt
+from vgen.train.kl import KLTrainConfig, train_kl
 from vgen.train.msvq import MSVQTrainConfig, train_msvq
 from vgen.train.nar import NARTrainConfig, train_nar
 from vgen.train.photo import PhotoTrainConfig, train_photo
@@ -11,3 +13,5 @@ from vgen.train.vq import VQTrainConfig, train_vq
 __all__ = ["GPTTrainConfig", "MSVQTrainConfig", "NARTrainConfig", "PhotoTrainConfig", "VARTrainConfig", "VQTrainConfig",
            "VideoGPTTrainConfig", "VideoNARTrainConfig", "train_video_gpt", "train_video_nar", "train_gpt", "train_msvq", "train_nar", "train_photo", "train_var", "train_vq"]
 __all__ += ["VideoClassifierTrainConfig", "train_video_classifier"]
+__all__ += ["KLTrainConfig", "train_kl"]
+__all__ += ["ContinuousTrainConfig", "train_continuous"]

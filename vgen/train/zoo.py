@@ -11,6 +11,12 @@
     python -m vgen.train.zoo --vq vgen/zoo/photos-gpt/vq.safetensors \
         --video-nar runs/photos-video-nar/nar-video.safetensors --name photos-video-nar \
         --out vgen/zoo/photos-video-nar --compare-to photos-video-gpt
+    python -m vgen.train.zoo --kl runs/photos-kl/kl.safetensors --car runs/photos-car/car.safetensors \
+        --name photos-car --out vgen/zoo/photos-car --draft photos-car-draft
+    python -m vgen.train.zoo --kl runs/photos-kl/kl.safetensors --car runs/photos-car-draft/car.safetensors \
+        --name photos-car-draft --out vgen/zoo/photos-car-draft
+    python -m vgen.train.zoo --kl runs/photos-kl/kl.safetensors --mar runs/photos-mar/mar.safetensors \
+        --name photos-mar --out vgen/zoo/photos-mar
 
 The GPT / NAR / VAR weights are stored as fp16 (half the bytes; loaded back as fp32); the export measures the test
 loss both ways so the card shows what the rounding costs.
@@ -176,6 +182,52 @@ def export_video(vq_path: str, model_path: str, out: str, name: str, kind: str =
     return card
 
 
+CONTINUOUS_SAMPLING = {"cfg_scale": 3.0, "cfg_schedule": "linear", "temperature": 1.0, "clip_x0": 4.0,
+                       "num_iter": 64}
+
+
+def export_continuous(kl_path: str, model_path: str, out: str, name: str, kind: str = "car",
+                      sampling: dict | None = None, n_test: int = 256, grid_seed: int = 0, grid: str | None = None,
+                      draft: str | None = None, compare_to: str | None = None) -> dict:
+    """A continuous-token zoo pipeline: the KL tokenizer (fp32) + a CAR or MAR (``kind``; stored fp16, held-out
+    diffusion loss measured both ways). ``draft``: the zoo model ``cspd`` takes as its draft by default."""
+    from vgen.models import load_official
+    from vgen.pipeline import Pipeline
+    from vgen.train.continuous import encode_latents, test_loss
+    from vgen.train.kl import evaluate, latent_stats
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    kl = load_official("kl", kl_path).eval()
+    model = load_official(kind, model_path).eval()
+    test = encode_latents(kl, "test", n_test, seed=1)
+    loss32 = test_loss(model, test)
+    save_safetensors(kl.state_dict(), out / "kl.safetensors", metadata={"config": json.dumps(kl.config_dict())})
+    loss16 = test_loss(store_fp16(model, kind, out), test)
+    kl_metrics = evaluate(kl, 512)
+    card = {"model_kind": kind, "model": f"{kind}.safetensors", "tokenizer_kind": "kl", "tokenizer": "kl.safetensors",
+            "generation": str(model.order), "token_shape": list(model.token_shape), "name": name,
+            "num_classes": NUM_CLASSES, "token_kind": "latents", "latent_channels": model.token_channels,
+            "class_names": list(CLASS_NAMES), "image_size": model.token_shape[-1] * kl.downsample,
+            "sampling": sampling or CONTINUOUS_SAMPLING,
+            "metrics": {"tokenizer_test_psnr": kl_metrics["test_psnr"],
+                        "tokenizer_posterior_std": float(test["std"].float().mean()),
+                        f"{kind}_test_loss_fp32": loss32, f"{kind}_test_loss_stored_fp16": loss16,
+                        f"{kind}_params": sum(p.numel() for p in model.parameters()),
+                        f"{kind}_head_params": sum(p.numel() for p in model.diffloss.parameters()),
+                        "kl_params": sum(p.numel() for p in kl.parameters())}}
+    if draft:
+        card["draft"] = draft
+    if compare_to:
+        card["compare_to"] = compare_to
+    atomic_write_json(out / "pipeline.json", card)
+    pipe = Pipeline.from_pretrained(str(out))
+    labels = [c for c in range(NUM_CLASSES) for _ in range(4)]
+    gen = pipe.generate(labels, seed=grid_seed, batch_size=16)
+    save_png(grid or f"docs/{name}-grid.png", make_grid(gen.images, nrow=8))
+    return card
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vq", help="LlamaGen VQ tokenizer (with --gpt)")
@@ -186,11 +238,18 @@ def main():
     ap.add_argument("--var")
     ap.add_argument("--video-gpt", help="a video GPT over the --vq tokenizer's codes, frame by frame")
     ap.add_argument("--video-nar", help="a video NAR (LARP-AR layout) over the --vq tokenizer's codes")
+    ap.add_argument("--kl", help="KL tokenizer (with --car or --mar)")
+    ap.add_argument("--car", help="a causal continuous model over the --kl tokenizer's latents")
+    ap.add_argument("--mar", help="a MAR over the --kl tokenizer's latents")
+    ap.add_argument("--draft", default=None, help="the zoo model cspd takes as the draft (photos-car: photos-car-draft)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--grid", default=None, help="where to write the card's sample grid (docs/<name>-grid.png)")
     a = ap.parse_args()
-    if a.vq and (a.video_gpt or a.video_nar):
+    if a.kl and (a.car or a.mar):
+        card = export_continuous(a.kl, a.car or a.mar, a.out, a.name, kind="car" if a.car else "mar", grid=a.grid,
+                                 draft=a.draft, compare_to=a.compare_to)
+    elif a.vq and (a.video_gpt or a.video_nar):
         kind = "video-gpt" if a.video_gpt else "nar-video"
         card = export_video(a.vq, a.video_gpt or a.video_nar, a.out, a.name, kind=kind, compare_to=a.compare_to)
     elif a.var and a.msvq:
