@@ -83,6 +83,7 @@ def test_continuous_pipeline_generates_images_and_latents(pipes):
     assert torch.equal(again.tokens, gen.tokens)
 
 
+@pytest.mark.slow
 def test_cspd_takes_the_draft_from_the_card_or_the_option(pipes):
     from vgen import load_pipeline
     pipe = load_pipeline(str(pipes["target"]))

@@ -52,6 +52,7 @@ def test_cspd_exact_matches_target_and_has_power(pair, stop_sigma):
     assert p_draft < 0.01, f"the test cannot tell the draft from the target (p={p_draft}): no power"
 
 
+@pytest.mark.slow
 def test_cspd_exact_with_guidance(pair):
     target, draft = pair
     kw = dict(cfg_scale=2.0, cfg_schedule="linear")
@@ -60,6 +61,7 @@ def test_cspd_exact_with_guidance(pair):
     assert energy_test(ref, got)[1] > 0.01
 
 
+@pytest.mark.slow
 def test_cspd_exact_official_rule_fails(pair):
     """MarkXCloud/CSpD's rule (ratio at temperature 42, capped resampling) changes the distribution: the same test
     that accepts the exact rule rejects it."""
@@ -129,6 +131,7 @@ def test_continuous_ar_seeds_batches_and_teacher_forcing(pair):
     torch.testing.assert_close(torch.cat([z0[:, None], z], 1), tf, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_stop_sigma_raises_acceptance(pair):
     """The last step's Gaussian is wider when the reverse process stops at a noise floor: acceptance rises."""
     target, draft = pair
@@ -147,6 +150,7 @@ def test_cspd_exact_path_rule_matches_target(pair, stop_sigma):
     assert energy_test(target_alone(target, stop_sigma), got)[1] > 0.01
 
 
+@pytest.mark.slow
 def test_cspd_exact_path_rule_with_guidance(pair):
     target, draft = pair
     kw = dict(cfg_scale=2.0, cfg_schedule="linear")
@@ -161,3 +165,14 @@ def test_cspd_path_rule_self_draft_accepts_everything(pair):
     got, st = sample(target, [0, 1, 1], sampler="cspd", draft=target, seed=3, stop_sigma=0.3, rule="path", **OPTS)
     assert st["acceptance_rate"] == 1.0
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["exact", "path"])
+def test_cspd_exact_with_a_coarse_draft(pair, rule):
+    """draft_refresh=3: the draft's network runs at every third step only (a cheaper draft); still exact."""
+    target, draft = pair
+    got, st = sample(target, [1] * N, sampler="cspd", draft=draft, seed=10 ** 6, stop_sigma=0.3, rule=rule,
+                     draft_refresh=3, **OPTS)
+    assert 0.0 < st["acceptance_rate"] < 1.0
+    assert energy_test(target_alone(target, 0.3), got)[1] > 0.01

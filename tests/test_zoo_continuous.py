@@ -29,19 +29,21 @@ def test_zoo_continuous_cards(car):
     assert all(torch.equal(v, draft.tokenizer.state_dict()[k]) for k, v in same.items())  # one tokenizer
 
 
+@pytest.mark.slow
 def test_zoo_car_and_cspd_generate(car):
-    opts = dict(num_sampling_steps=20)  # short head schedules: a quick test, not the card's quality
-    a = car.generate([2, 9], seed=1, **opts)
-    assert a.images.shape == (2, 3, 64, 64) and a.tokens.shape == (2, 256, 4)
+    opts = dict(num_sampling_steps=8)  # short head schedules: a quick test, not the card's quality
+    a = car.generate([2], seed=1, **opts)
+    assert a.images.shape == (1, 3, 64, 64) and a.tokens.shape == (1, 256, 4)
     assert a.stats["forward_passes"] == 256 and a.images.float().std() > 10  # not a flat image
-    c = car.generate([2], sampler="cspd", seed=1, num_draft=4, **opts)
+    c = car.generate([2], sampler="cspd", seed=1, num_draft=4, rule="path", **opts)
     assert c.stats["forward_passes"] < 256 and c.stats["acceptance_rate"] > 0
     assert c.images.shape == (1, 3, 64, 64)
 
 
+@pytest.mark.slow
 def test_zoo_mar_generates(car):
     mar = vgen.load_pipeline("photos-mar")
-    g = mar.generate([4], seed=0, num_iter=8, num_sampling_steps=20)
+    g = mar.generate([4], seed=0, num_iter=8, num_sampling_steps=8)
     assert g.stats["sampler"] == "mar" and g.stats["forward_passes"] == 8
     assert g.images.shape == (1, 3, 64, 64)
 

@@ -81,6 +81,7 @@ class BenchSchema:
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     num_samples: int = 8  # images per cell and repeat, generated in batches of batch_size
     repeats: int = 3
+    warmup: bool = True
     seed: int = 0
     baseline: bool = True  # include the official-style LlamaGen generate() loop
     compile: bool = True

@@ -176,8 +176,9 @@ def run(p: Plan) -> tuple[dict, dict]:
 
     runs = {c: [] for c in p.cells}
     mem = {c: {} for c in p.cells}
-    with tqdm(total=len(p.cells) * (cfg.repeats + 1), desc="bench", unit="run") as bar:
-        for rep in range(cfg.repeats + 1):
+    first = 0 if cfg.get("warmup", True) else 1  # round 0 is the untimed warm-up
+    with tqdm(total=len(p.cells) * (cfg.repeats + 1 - first), desc="bench", unit="run") as bar:
+        for rep in range(first, cfg.repeats + 1):
             for c in p.cells:
                 t0 = time.perf_counter()
                 with RssPeak() as peak:
@@ -215,9 +216,11 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                "ms_per_token": 1e3 * sec / r0["tokens"], "ms_per_pass": 1e3 * sec / r0["forward_passes"],
                "tokens_per_s": r0["tokens"] / sec, "images_per_s": cfg.num_samples / sec,
                "forward_passes": r0["forward_passes"], "accepted_per_step": r0.get("accepted_per_step", 1.0),
-               "kv_cache_bytes": r0["kv_cache_bytes"], "all_seconds": [r["seconds"] for r in runs],
+               "kv_cache_bytes": r0.get("kv_cache_bytes", 0), "all_seconds": [r["seconds"] for r in runs],
                **measured["mem"][(m, v, b)], **quality.get((m, v), {})}
-        for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction"):
+        for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
+                  "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
+                  "draft_seconds", "verify_seconds"):
             if k in r0:
                 row[k] = r0[k]
         rows.append(row)

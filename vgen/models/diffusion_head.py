@@ -299,11 +299,14 @@ class DiffusionHead(nn.Module):
 
     def sample(self, z: torch.Tensor, noise: torch.Tensor, step_noise: torch.Tensor, temperature: float = 1.0,
                cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, last_noise: bool = False,
-               stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False) -> HeadSample:
+               stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False, refresh: int = 1) -> HeadSample:
         """Run the reverse process for conditions ``z`` (B, D) -- (2B, D) rows [cond; uncond] when guided (``cfg``
         a number != 1 or a (B,) tensor of per-row scales) -- from ``noise`` (B, C) with ``step_noise[i]`` (B, C)
         at step i; ``clip_x0``: see :meth:`Schedule.step`. Returns the token and its last step's Gaussian; with
-        ``path`` also every state of the reverse process and the path's log-density (see :meth:`path_logpdf`)."""
+        ``path`` also every state of the reverse process and the path's log-density (see :meth:`path_logpdf`).
+        ``refresh`` > 1: the network runs at every ``refresh``-th step only and its last output (noise prediction
+        and variance value) serves the steps in between: a cheaper, coarser sampler (a speculative draft's; each
+        step is still a Gaussian given the path so far, so its path density stays exact)."""
         sch = schedule(num_steps or self.num_sampling_steps)
         guide = torch.is_tensor(cfg) or cfg != 1.0
         last = sch.stop_index(stop_sigma) if stop_sigma > 0 else len(sch) - 1
@@ -315,7 +318,9 @@ class DiffusionHead(nn.Module):
         log_temp = math.log(max(temperature, 1e-12))
         states, logq = [x], torch.zeros(len(x), dtype=torch.float64, device=x.device)
         for i in range(last + 1):
-            st = sch.step(i, x, self._out(x, t_emb[i] + c_emb, cfg, guide), clip_x0)
+            if i % refresh == 0:
+                out = self._out(x, t_emb[i] + c_emb, cfg, guide)
+            st = sch.step(i, x, out, clip_x0)
             log_std = 0.5 * st.log_var + log_temp
             if i < last or path:
                 x = st.mean + log_std.exp() * step_noise[i]
@@ -332,11 +337,12 @@ class DiffusionHead(nn.Module):
     @torch.no_grad()
     def path_logpdf(self, z: torch.Tensor, states: torch.Tensor, temperature: float = 1.0,
                     cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, stop_sigma: float = 0.0,
-                    clip_x0: float = 0.0) -> torch.Tensor:
+                    clip_x0: float = 0.0, refresh: int = 1) -> torch.Tensor:
         """log-density (B,) of whole reverse paths ``states`` (S + 1, B, C) (start noise, then each step's output,
         as :meth:`sample` returns them with ``path=True``) under this head with conditions ``z``: the sum of every
         step's Gaussian log-density, all S steps of all B paths in one batched network call (the start noise has
-        the same N(0, I) density under every head and is left out)."""
+        the same N(0, I) density under every head and is left out). ``refresh``: the density under
+        ``sample(..., refresh=...)`` (each step's Gaussian from the network's output at the last refreshed state)."""
         sch = schedule(num_steps or self.num_sampling_steps)
         guide = torch.is_tensor(cfg) or cfg != 1.0
         last = sch.stop_index(stop_sigma) if stop_sigma > 0 else len(sch) - 1
@@ -350,7 +356,10 @@ class DiffusionHead(nn.Module):
             if guide else (t_emb[:, None] + c_emb[None]).reshape(S * B, -1)  # rows (half, step, b)
         if guide:
             cfg = (cfg.reshape(1, B).expand(S, B).reshape(-1, 1).to(z.dtype) if torch.is_tensor(cfg) else cfg)
-        out = self._out(x, y, cfg, guide)
+        out = self._out(x, y, cfg, guide)  # (S*B, 2C), rows (step, b)
+        if refresh > 1:  # step i reads the output at step i - i % refresh (the state it was computed at)
+            src = (torch.arange(S, device=z.device) // refresh * refresh)
+            out = out.reshape(S, B, -1)[src].reshape(S * B, -1)
         k = sch.tensors(z.device, z.dtype)
         idx = torch.arange(S, device=z.device).repeat_interleave(B)
         st = sch.step_rows(idx, x, out, clip_x0, k)
@@ -373,11 +382,13 @@ class HeadSampling:
     name): inputs are cast to the head's dtype."""
 
     def sample_head(self, z, noise, step_noise, temperature=1.0, cfg=1.0, num_steps=None, last_noise=False,
-                    stop_sigma=0.0, clip_x0=0.0, path=False) -> HeadSample:
+                    stop_sigma=0.0, clip_x0=0.0, path=False, refresh=1) -> HeadSample:
         dt = self.diffloss.net.input_proj.weight.dtype
         return self.diffloss.sample(z.to(dt), noise.to(dt), step_noise.to(dt), temperature, cfg, num_steps,
-                                    last_noise, stop_sigma, clip_x0, path)
+                                    last_noise, stop_sigma, clip_x0, path, refresh)
 
-    def head_path_logpdf(self, z, states, temperature=1.0, cfg=1.0, num_steps=None, stop_sigma=0.0, clip_x0=0.0):
+    def head_path_logpdf(self, z, states, temperature=1.0, cfg=1.0, num_steps=None, stop_sigma=0.0, clip_x0=0.0,
+                         refresh=1):
         dt = self.diffloss.net.input_proj.weight.dtype
-        return self.diffloss.path_logpdf(z.to(dt), states.to(dt), temperature, cfg, num_steps, stop_sigma, clip_x0)
+        return self.diffloss.path_logpdf(z.to(dt), states.to(dt), temperature, cfg, num_steps, stop_sigma, clip_x0,
+                                         refresh)

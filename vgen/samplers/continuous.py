@@ -112,18 +112,19 @@ def rejection_generators(seeds: Sequence[int], stream: int = 7) -> list[torch.Ge
 
 
 def draw_tokens(model, z: torch.Tensor, noise: TokenNoise, rows: torch.Tensor, positions: torch.Tensor,
-                options: ContinuousOptions, length: int, guided: bool, steps: int | None = None, path: bool = False):
+                options: ContinuousOptions, length: int, guided: bool, steps: int | None = None, path: bool = False,
+                refresh: int = 1):
     """Draw the tokens at ``positions`` (R,) of samples ``rows`` (R,) with the model's head from conditions ``z``
     ((R, D), or (2R, D) rows [cond; uncond] when ``guided``), each from its own position's noise; the guidance
     scale follows ``options.cfg_schedule`` over the position. -> ``HeadSample`` (R, C) with its last step's
     Gaussian (the continuous samplers always add the last step's noise: a token is a Gaussian given its path).
     ``steps``: the number of reverse steps (default: the options' for ``model``; a draft runs the target's);
-    ``path``: also return the reverse process's states and log-density."""
+    ``path``: also return the reverse process's states and log-density; ``refresh``: see ``DiffusionHead.sample``."""
     start, step_noise = noise.at(rows, positions)
     return model.sample_head(z, start, step_noise, options.temperature, guidance(options, positions, length, guided,
                                                                                 z.dtype),
                              steps or options.steps(model), last_noise=True, stop_sigma=options.stop_sigma,
-                             clip_x0=options.clip_x0, path=path)
+                             clip_x0=options.clip_x0, path=path, refresh=refresh)
 
 
 def guidance(options: ContinuousOptions, positions: torch.Tensor, length: int, guided: bool, dtype=torch.float32):

@@ -45,6 +45,8 @@ class CSpDOptions(ContinuousOptions):
     num_draft: int = option(4, "tokens the draft proposes per round (k)")
     prefill_ratio: float = option(0.15, "the first this fraction of the tokens come from the target alone")
     draft: str = option("", "the draft model: a zoo name or pipeline folder ('' = the one the model card names)")
+    draft_refresh: int = option(1, "the draft's head network runs every this many reverse steps and reuses its last "
+                                "output in between (a cheaper, coarser draft; exactness unchanged)")
     rule: str = option("exact", "acceptance rule: exact (ratio of the last step's Gaussians under shared noise), "
                        "path (ratio of whole reverse-path densities: exact too, verified in one batched head call), "
                        "or official (MarkXCloud/CSpD's: ratio at temperature 42, 100 resampling tries then a zero "
@@ -54,6 +56,8 @@ class CSpDOptions(ContinuousOptions):
         super().validate(spec)
         if self.num_draft < 1:
             raise VGenError(f"num_draft must be >= 1, got {self.num_draft}")
+        if self.draft_refresh < 1:
+            raise VGenError(f"draft_refresh must be >= 1 (1 = the network at every step), got {self.draft_refresh}")
         if not 0.0 <= self.prefill_ratio < 1.0:
             raise VGenError(f"prefill_ratio must be in [0, 1), got {self.prefill_ratio}")
 
@@ -113,7 +117,8 @@ def residual_path_draw(model, draft, zp, zq, positions, o, L: int, guided: bool,
         cfg = guidance(o, positions[todo], L, guided, zp.dtype)
         hs = model.sample_head(zp[sel], start, step_noise, o.temperature, cfg, steps, True, o.stop_sigma,
                                o.clip_x0, path=True)
-        lq = draft.head_path_logpdf(zq[sel], hs.states, o.temperature, cfg, steps, o.stop_sigma, o.clip_x0)
+        lq = draft.head_path_logpdf(zq[sel], hs.states, o.temperature, cfg, steps, o.stop_sigma, o.clip_x0,
+                                    o.draft_refresh)
         keep = (u < -torch.expm1(torch.clamp(lq - hs.path_logpdf, max=0.0))) & (lq < hs.path_logpdf)
         out[todo[keep]] = hs.token[keep]
         todo = todo[~keep]
@@ -181,7 +186,8 @@ class CSpDSampler(ContinuousSampler):
                 zq = draft.decode(both(inp), both(pos), dcache)[:, -1]
                 dpasses += 1
                 p_j = (n + j).clamp_max(L - 1)
-                hs = draw_tokens(draft, zq, noise, rows, p_j, o, L, guided, steps, path=by_path)
+                hs = draw_tokens(draft, zq, noise, rows, p_j, o, L, guided, steps, path=by_path,
+                                 refresh=o.draft_refresh)
                 tokens[rows, n + j] = hs.token
                 dq_mean[:, j], dq_lstd[:, j] = hs.mean, hs.log_std
                 if by_path:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from vgen.data import NUM_CLASSES, photos, to_model_range
+from vgen.data import photos, to_model_range
 from vgen.io import atomic_write_bytes
 from vgen.train.common import RecipeConfig, RunDir, adamw, recipe, start_run, train_loop
 
@@ -31,9 +31,8 @@ class ContinuousTrainConfig(RecipeConfig):
     n_train: int = 16000
     n_test: int = 256
     save_every: int = 100
-    model: dict = field(default_factory=lambda: dict(
-        dim=256, n_layer=6, n_head=4, num_classes=NUM_CLASSES, block_size=256, token_channels=4,
-        diffloss_d=2, diffloss_w=320, diffusion_batch_mul=2))
+    # the model's constructor fields (no defaults here: Hydra would merge a CAR default into a MAR config)
+    model: dict = field(default_factory=dict)
 
 
 @torch.no_grad()
