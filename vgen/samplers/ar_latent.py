@@ -11,26 +11,8 @@ import torch
 from tqdm.auto import tqdm
 
 from vgen.interfaces import Order
-from vgen.samplers.base import Sampler, register_sampler
-from vgen.samplers.continuous import ContinuousSampler, draw_tokens, token_noise
-
-
-class Clock:
-    """Adds up wall time per part, on the CPU only (a CUDA timing would need a host sync per token)."""
-
-    def __init__(self, device: torch.device):
-        self.on = device.type == "cpu"
-        self.parts: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, part: str) -> None:
-        if self.on:
-            now = time.perf_counter()
-            self.parts[part] = self.parts.get(part, 0.0) + now - self._t
-            self._t = now
-
-    def stats(self) -> dict:
-        return {f"{k}_seconds": v for k, v in self.parts.items()}
+from vgen.samplers.base import register_sampler
+from vgen.samplers.continuous import Clock, ContinuousSampler, draw_tokens, token_noise
 
 
 @register_sampler

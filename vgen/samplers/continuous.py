@@ -8,6 +8,7 @@ speculative decoding rests on). ``uniforms`` (N, L) are the acceptance draws of 
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -132,3 +133,21 @@ def guidance(options: ContinuousOptions, positions: torch.Tensor, length: int, g
     if guided and options.cfg_schedule == "linear":
         return options.cfg_at(positions.to(dtype), length)
     return options.cfg_scale if guided else 1.0
+
+
+class Clock:
+    """Adds up wall time per part, on the CPU only (a CUDA timing would need a host sync per token)."""
+
+    def __init__(self, device: torch.device):
+        self.on = device.type == "cpu"
+        self.parts: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        if self.on:
+            now = time.perf_counter()
+            self.parts[part] = self.parts.get(part, 0.0) + now - self._t
+            self._t = now
+
+    def stats(self) -> dict:
+        return {f"{k}_seconds": v for k, v in self.parts.items()}

@@ -32,9 +32,8 @@ from tqdm.auto import tqdm
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order
 from vgen.models.diffusion_head import gaussian_logpdf
-from vgen.samplers.ar_latent import Clock
 from vgen.samplers.base import option, register_sampler
-from vgen.samplers.continuous import (ContinuousOptions, ContinuousSampler, draw_tokens, guidance,
+from vgen.samplers.continuous import (Clock, ContinuousOptions, ContinuousSampler, draw_tokens, guidance,
                                       rejection_generators, token_noise)
 
 RULES = ("exact", "path", "official")
