@@ -133,3 +133,14 @@ def tiny_nar_pipeline(tmp_path, tiny_nar, tiny_vq):
     from vgen.pipeline import save_pipeline
     return save_pipeline(tmp_path / "tinynar", tiny_nar, tiny_vq, model_kind="nar",
                          class_names=["a", "b", "c", "d"], sampling={"cfg_scale": 2.0, "top_k": 8})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Tests never write the user's ~/.cache/vgen (measured pass costs, compiled graphs, reference features)."""
+    if os.environ.get("VGEN_CACHE"):
+        yield
+        return
+    os.environ["VGEN_CACHE"] = str(tmp_path_factory.mktemp("vgen-cache"))
+    yield
+    os.environ.pop("VGEN_CACHE", None)

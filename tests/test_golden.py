@@ -1,7 +1,9 @@
 """Golden outputs: the bytes every zoo model gives with its plain sampler and with each accelerated sampler, recorded
 before the core was reshaped (issue 15). A refactor that changes any token or pixel fails here.
 
-Each case: 4 samples, labels (0, 3, 7, 12), seed 0, eager, the card's settings. Hashes are sha256 of the int64
+Each case: 4 samples, labels (0, 3, 7, 12), seed 0, eager, the card's settings (the speculative samplers at the
+window the card named when the bytes were recorded, 4: their default, window=auto, picks widths from this machine's
+measured pass costs). Hashes are sha256 of the int64
 token bytes and of the PNG bytes ``vgen sample`` writes (concatenated over the 4 samples), recorded with Pillow
 12.3.0 before the refactor. PNG bytes also depend on the encoder (Pillow and zlib), so the raw uint8 pixels are
 pinned too (hashed after the refactor, when the PNG hashes still matched: PNG is lossless, so they are the pixels
@@ -24,13 +26,13 @@ GOLDEN = {
     ("photos-gpt", None, ()):
         ("e08695066fce7b7c7503fc52158182a1446e3eb9785767158ed264fcd83b89c1",
          "8780e4ebace17ea16ff4cbbb1138391a8892cbcd0594abf4ea94469b7051ba34"),
-    ("photos-gpt", "sjd", ()):
+    ("photos-gpt", "sjd", (("window", 4),)):
         ("3c75326374728cfbda98356c051177818d44754996ab512bc9a9862d3ac36bee",
          "083cfcce3e843502b78117f97465f653cc2fa56cc7a50ae4bc8f41e83cc1b1f7"),
-    ("photos-gpt", "gsd", ()):
+    ("photos-gpt", "gsd", (("window", 4),)):
         ("842d26b4f8680d2c0d9faa3e39c52a1fb313bc36c22bed6dde704efc40f235f5",
          "ac07f60da4652296c853cd2a602eebef6f63327659fbb60bec8f39877b5e8207"),
-    ("photos-gpt", "lantern", ()):
+    ("photos-gpt", "lantern", (("window", 4),)):
         ("0dc369a95e5a78579e8f3bbb7f15aa0a8de0247a4c025dc8eca2888b870efa89",
          "e8eba168891fac537a49498a2168e1fba5b50e61ba0f2490de6028fe4ab5e3c2"),
     ("photos-nar", None, ()):
@@ -48,9 +50,9 @@ GOLDEN = {
 PNG_PILLOW = "12.3.0"
 PIXELS = {
     ("photos-gpt", None, ()): "f76e7743343f91614509221100d8d70174812b63a889d1763365052243d98170",
-    ("photos-gpt", "sjd", ()): "4ea9ea2efff13a6a9e10a48b48a481c00f4fa65ea7524d468830107ce2e3f410",
-    ("photos-gpt", "gsd", ()): "2c9cf1a81e0784230b8faecbc5f5a7e7861f5c606775418c4be3c6ff09098745",
-    ("photos-gpt", "lantern", ()): "0cc136a56b4e8d10ba041a5d3481d499d8fb40c46f9638b34683c9251977024b",
+    ("photos-gpt", "sjd", (("window", 4),)): "4ea9ea2efff13a6a9e10a48b48a481c00f4fa65ea7524d468830107ce2e3f410",
+    ("photos-gpt", "gsd", (("window", 4),)): "2c9cf1a81e0784230b8faecbc5f5a7e7861f5c606775418c4be3c6ff09098745",
+    ("photos-gpt", "lantern", (("window", 4),)): "0cc136a56b4e8d10ba041a5d3481d499d8fb40c46f9638b34683c9251977024b",
     ("photos-nar", None, ()): "e1956b60247e77d93831df65fa295861ef9beefb083cee65b76833739a7e5a38",
     ("photos-var", None, ()): "4b0cbf9855dbb8378cfaf511a5ff026dc33820464248beb7437d101c99f6b6d7",
     ("photos-var", "var", (("kv_compression", "scalekv"), ("kv_budget", 0.1))):

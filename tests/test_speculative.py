@@ -258,3 +258,80 @@ def test_cfg_interval_and_greedy_match_ar(tiny_gpt):
     for init in (i for i in INITS if i != "temporal"):  # temporal: video models only
         sjd, _ = sample(tiny_gpt, [0, 2, 3], "sjd", seed=1, window=5, init=init, **kw)
         assert torch.equal(sjd, ar), init
+
+
+def test_cost_aware_width_choice():
+    from vgen.samplers.speculative import best_width, expected_tokens
+    costs = {1: 1.0, 2: 1.3, 4: 1.8}
+    assert expected_tokens(0.5, 4, 256) == pytest.approx(1.875) and expected_tokens(0.5, 4, 2) == pytest.approx(1.5)
+    assert best_width(costs, 0.0, 256) == 1      # nothing passes: a plain AR step
+    assert best_width(costs, 0.4, 256) == 2      # 1.4 / 1.3 beats 1 / 1 and 1.62 / 1.8
+    assert best_width(costs, 0.9, 256) == 4
+    assert best_width(costs, 0.9, 1) == 1        # one token left: no draft can help
+
+
+@pytest.mark.parametrize("init", ["vertical", pytest.param("random", marks=pytest.mark.slow),
+                                  pytest.param("sample", marks=pytest.mark.slow)])
+def test_adaptive_window_is_exact(micro, init):
+    """window=auto switches width between passes (from the acceptance it has seen): still exactly the target."""
+    m, joint, unguided = micro
+    tokens, st = sample(m, [1] * N, "sjd", seed=4, init=init, max_window=4, costs="1:1,2:1.35,3:1.7,4:2", **OPTS)
+    assert 1 < st["mean_window"] < 4 and st["mean_window"] != 2  # several widths were used
+    counts = counts_of(tokens, 4)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, unguided) < 1e-6
+    assert counts[joint == 0].sum() == 0
+
+
+def test_adaptive_window_falls_back_to_ar_and_is_reproducible(tiny_gpt):
+    kw = dict(cfg_scale=2.0, top_k=10, init="vertical")
+    t, st = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:50,4:90", **kw)
+    assert st["mean_window"] == 1 and st["forward_passes"] == 16 and st["acceptance_rate"] == 0
+    a, sa = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:1.1,4:1.2", **kw)
+    b, _ = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:1.1,4:1.2", **kw)
+    assert torch.equal(a, b) and sa["mean_window"] > 2 and sa["forward_passes"] < 16 * 3
+
+
+def test_adaptive_window_is_batch_invariant(tiny_gpt):
+    """Each sample picks its own widths from its own passes: the same tokens in any batch (and refilled slots)."""
+    kw = dict(cfg_scale=2.0, top_k=10, init="vertical", costs="1:1,2:1.3,3:1.5,4:1.7")
+    labels = [0, 1, 2, 3, 1, 2, 0]
+    whole, st = sample(tiny_gpt, labels, "sjd", seed=9, **kw)
+    for bs in (1, 3):
+        part, _ = sample(tiny_gpt, labels, "sjd", seed=9, batch_size=bs, **kw)
+        assert torch.equal(whole, part)
+    assert 1 < st["mean_window"] < 4
+
+
+def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
+    from vgen.samplers import speculative
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    calls = []
+    real = speculative.pass_costs
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(speculative, "pass_costs", counted)
+    first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4)
+    table = json.loads((tmp_path / "pass_costs.json").read_text())
+    (entry,) = table.values()
+    assert sorted(map(int, entry)) == [1, 2, 4] and all(c > 0 for c in entry.values())
+    again, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4)
+    assert json.loads((tmp_path / "pass_costs.json").read_text()) == table  # read back, not measured again
+    assert torch.equal(first, again) and len(calls) == 2
+    single, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=1)
+    assert torch.equal(single, first)  # one sample's costs serve every batch size: same widths, same tokens
+    assert json.loads((tmp_path / "pass_costs.json").read_text()) == table
+    sample(tiny_gpt, [0, 1], "sjd", seed=2, top_p=0.9, max_window=4)
+    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 2  # other settings: their own costs
+
+
+@pytest.mark.parametrize("opts,match", [(dict(window="wide"), "window must be auto or a whole number"),
+                                        (dict(window=1), "window must be auto"),
+                                        (dict(costs="2:1"), "width 1 included"),
+                                        (dict(costs="1:x"), "costs must look like"),
+                                        (dict(max_window=1), "max_window must be >= 2")])
+def test_adaptive_options_are_checked(tiny_gpt, opts, match):
+    with pytest.raises(VGenError, match=match):
+        sample(tiny_gpt, [0], "sjd", **opts)

@@ -27,6 +27,7 @@ def _output_dir(cfg) -> Path:
 def sample(cfg: DictConfig):
     from vgen.configs import chosen_on_command_line
     from vgen.jobs import SampleJob
+    from vgen.samplers.base import sampling_job
     sampler, options = cfg.sampler.name, _options(cfg.sampler)
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
         from vgen.interfaces import plain_sampler  # with the options given that it takes
@@ -40,7 +41,8 @@ def sample(cfg: DictConfig):
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
                     grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
                     prompt_frames=cfg.prompt_frames)
-    return job.run(_output_dir(cfg))
+    with sampling_job(cfg.num_samples, cfg.batch_size):  # compile=auto: one choice for the whole job, every rank
+        return job.run(_output_dir(cfg))
 
 
 def bench(cfg: DictConfig):

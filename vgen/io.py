@@ -33,6 +33,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def cache_dir(path: str | os.PathLike | None = None) -> Path:
+    """vgen's cache folder (created): ``path``, else ``$VGEN_CACHE``, else ``~/.cache/vgen``."""
+    p = Path(path or os.environ.get("VGEN_CACHE") or Path.home() / ".cache" / "vgen").expanduser()
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 

@@ -305,6 +305,7 @@ class Pipeline:
             seeds = [seed + i for i in range(n)]
         else:
             seeds = [validate.seed(x) for x in seeds]
+        s = s.resolved(self.model, n, batch_size or n)  # compile=auto decided here, so stats say what ran
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
         draft = self.draft_model(s.options.draft) if s.needs_draft else None

@@ -300,9 +300,15 @@ def _quality(p: Plan, pipes: dict) -> dict:
     out = {}
     todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)
             and len(pipes[m].model.token_shape) != 3]
+    done = {}  # settings that differ only in compile draw the same images (up to rounding): scored once
     for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
-        r = ev.fid(generate_images(p, pipes, m, v, n), p.cfg.fid_reference, isc=False, kid_subset_size=min(n, 100))
-        out[(m, v)] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
+        name, o = p.sampler_options(v, m)
+        same = (m, name, tuple(sorted((k, str(x)) for k, x in o.items() if k != "compile")))
+        if same not in done:
+            r = ev.fid(generate_images(p, pipes, m, v, n), p.cfg.fid_reference, isc=False,
+                       kid_subset_size=min(n, 100))
+            done[same] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
+        out[(m, v)] = done[same]
     return out
 
 

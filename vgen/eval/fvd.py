@@ -28,7 +28,7 @@ import torch
 from vgen import validate
 from vgen.errors import VGenError
 from vgen.eval.extractors import file_digest
-from vgen.eval.metrics import cache_dir
+from vgen.io import cache_dir
 from vgen.eval.video_extractors import (I3D_FRAMES, VideoClassifier, fit_frames, i3d_logits, i3d_weights_path,
                                         load_i3d, load_video_classifier, random_i3d_weights, state_digest,
                                         video_classifier_features, video_classifier_path)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vgen.errors import VGenError
+from vgen.io import cache_dir
 from vgen.eval.extractors import EXTRACTORS, ZOO_CLASSIFIER, file_digest, inception_weights_path
 
 BACKENDS = ("torch-fidelity", "clean-fid")
@@ -32,12 +33,6 @@ REFERENCES = {
     "photos-test": dict(split="test", n=1000, seed=0, size=64),
     "photos-train": dict(split="train", n=1000, seed=0, size=64),
 }
-
-
-def cache_dir(path: str | os.PathLike | None = None) -> Path:
-    p = Path(path or os.environ.get("VGEN_CACHE") or Path.home() / ".cache" / "vgen").expanduser()
-    p.mkdir(parents=True, exist_ok=True)
-    return p
 
 
 def list_images(folder: Path) -> list[Path]:

@@ -4,9 +4,12 @@ argument, so one compiled graph serves the whole loop."""
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import torch
 
+from vgen.io import cache_dir as vgen_cache
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
@@ -34,19 +37,40 @@ def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.
     return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
 
 
-# Inductor options for the decode step (per compile, not global): ``freezing`` folds the weights into the
-# graph as constants (lets it pre-pack them), ``cpp_wrapper`` drives the kernels from C++ instead of Python.
-# Measured on a 2-core CPU, 5.6M GPT, CFG: 2.9 ms/token at batch 1 vs 7.7 eager (docs/benchmarks.md).
-COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}
+# Inductor options for the decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++
+# instead of Python. Not ``freezing`` (weights folded into the graph as constants): it bypasses AOTAutograd's
+# on-disk cache, so a later process's warm-up took 25 s instead of 10 s, for no measurable speed (docs/compile.md).
+COMPILE_OPTIONS = {"cpp_wrapper": True}
+
+
+def cache_dir() -> Path:
+    """Where compiled steps are kept across processes: ``$TORCHINDUCTOR_CACHE_DIR`` where the user set it, else
+    ``$VGEN_CACHE_DIR``, else ``inductor`` under ``$VGEN_CACHE`` or ``~/.cache/vgen``. (Importing ``torch._dynamo``
+    sets ``$TORCHINDUCTOR_CACHE_DIR`` to torch's default, a per-user folder in /tmp: that value is not the user's.)"""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    own = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if own and os.path.abspath(own) != os.path.abspath(default_cache_dir()):
+        return Path(own)
+    d = os.environ.get("VGEN_CACHE_DIR")
+    return Path(d).expanduser() if d else vgen_cache() / "inductor"
+
+
+def use_cache_dir() -> Path:
+    """Point inductor's on-disk caches (FX graphs, AOTAutograd graphs, compiled C++) at :func:`cache_dir` for the
+    rest of this process. Called by :func:`compiled` only, before its first compile."""
+    d = cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    return d
 
 
 @functools.cache
 def compiled(fn, dynamic: bool = False):
     """A process-wide compiled version of a step function (compiled once per model and settings; dynamo's
     guards recompile for another model or other shapes). ``dynamic=True`` compiles one shape-generic graph,
-    for steps whose token count changes every call (NAR's anti-diagonals). Weights are frozen into the graph:
-    after changing a model's weights in place, call ``compiled.cache_clear()`` and ``torch._dynamo.reset()``."""
+    for steps whose token count changes every call (NAR's anti-diagonals). Compiled code is cached on disk
+    (:func:`cache_dir`): a later process compiling the same step loads it instead."""
     import torch._dynamo
+    use_cache_dir()
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     return torch.compile(fn, dynamic=dynamic, options=COMPILE_OPTIONS)
 

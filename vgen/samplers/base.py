@@ -16,6 +16,9 @@ Samplers that relax acceptance by token similarity (GSD, LANTERN) set ``needs_co
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -59,6 +62,9 @@ class Options:
     def validate(self, spec: ModelSpec | None = None) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if isinstance(v, str) and "int" in str(f.type) and v.strip().lstrip("-").isdigit():
+                v = int(v)  # a whole number typed as text (a demo text box) is the number
+                setattr(self, f.name, v)
             if isinstance(v, float) and not math.isfinite(v):
                 raise VGenError(f"{f.name} must be a finite number, got {v}")
             choices = f.metadata.get("choices")
@@ -96,11 +102,53 @@ class TokenOptions(Options):
         return self.cfg_scale != 1.0
 
 
+def compile_value(value) -> bool | str:
+    """An option ``compile`` as given (a bool, or "true" / "false" / "auto" in any case) -> True, False or "auto"."""
+    if isinstance(value, bool):
+        return value
+    v = value.strip().lower() if isinstance(value, str) else None
+    if v not in ("true", "false", "auto"):
+        raise VGenError(f"compile must be true, false or auto, got {value!r}")
+    return "auto" if v == "auto" else v == "true"
+
+
+# compile=auto's cost model, measured with the AR sampler on photos-gpt, 2-core CPU (docs/compile.md): a compiled
+# forward pass saves about AUTO_SAVED_S_PER_PASS over an eager one (3.8-4.8 ms at batch 1, 1.4-2.4 ms at batch 8:
+# mostly per-op dispatch), and compiling one batch shape (its four KV-length graphs) on an empty inductor cache takes
+# about AUTO_WARMUP_S (62-87 s). Break-even: 23,334 forward passes: 92 images at batch 1, 736 at batch 8.
+AUTO_SAVED_S_PER_PASS = 0.003
+AUTO_WARMUP_S = 70.0
+_JOB: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("vgen_sampling_job", default=None)
+
+
+@contextlib.contextmanager
+def sampling_job(samples: int, batch_size: int):
+    """Within this block ``compile=auto`` decides for a whole job of ``samples`` samples in batches of
+    ``batch_size`` (drawn by many sampler calls, e.g. ``vgen sample``'s batches), the same way in every call."""
+    token = _JOB.set((samples, batch_size))
+    try:
+        yield
+    finally:
+        _JOB.reset(token)
+
+
+def auto_compile(seq_len: int, samples: int, batch_size: int) -> bool:
+    """``compile=auto``'s decision for ``samples`` samples of ``seq_len`` tokens, ``batch_size`` per forward pass:
+    compile when the job's forward passes (ceil(samples / batch_size) x seq_len; an upper bound for samplers that
+    decide several tokens per pass) save more than the warm-up of each batch shape it compiles (a smaller last
+    batch is a second shape). It counts a cold inductor cache whatever the cache holds, so a command's choice
+    (and its samples' bytes: compiled kernels round differently) never depends on earlier runs."""
+    passes = -(-samples // batch_size) * seq_len
+    shapes = 1 + (samples > batch_size and samples % batch_size != 0)
+    return passes * AUTO_SAVED_S_PER_PASS >= shapes * AUTO_WARMUP_S
+
+
 @dataclass
 class SamplingOptions(TokenOptions):
     """Options of the raster / next-neighbour token samplers."""
     cfg_interval: int = option(-1, "guide only the first cfg_interval+1 tokens (-1 = every token; LlamaGen's)")
-    compile: bool = option(False, "torch.compile the decode step (worth it for long jobs; costs a warm-up)")
+    compile: bool | str = option("auto", "torch.compile the decode step: true, false, or auto (compiled when the "
+                                 "job is long enough to repay the warm-up; docs/compile.md)")
     prefix_attention: bool = option(True, "attention reads only the filled KV-cache slots (false: the whole "
                                     "static cache every step, gpt-fast's way); same tokens either way")
 
@@ -108,6 +156,7 @@ class SamplingOptions(TokenOptions):
         super().validate(spec)
         if self.cfg_interval < -1:
             raise VGenError(f"cfg_interval must be >= -1 (-1 = guide every token), got {self.cfg_interval}")
+        self.compile = compile_value(self.compile)
 
 
 class Sampler:
@@ -176,7 +225,20 @@ class Sampler:
             kw["draft"] = self.check_draft(model, draft)
         elif draft is not None:
             raise VGenError(f"sampler {self.name!r} takes no draft model")
-        return self._run(model, cond, list(seeds), progress, batch_size or cond.shape[0], **kw)
+        batch_size = batch_size or cond.shape[0]
+        run = self.resolved(model, cond.shape[0], batch_size)
+        return run._run(model, cond, list(seeds), progress, batch_size, **kw)
+
+    def resolved(self, model, n: int, batch_size: int) -> Sampler:
+        """The sampler that runs a call of ``n`` samples on ``model``, ``batch_size`` per pass: this one, or where its
+        option ``compile`` is "auto" a copy with :func:`auto_compile`'s decision (for the job of :func:`sampling_job`
+        if one is open), so ``_run`` and ``_sample`` only ever see a bool."""
+        if getattr(self.options, "compile", None) != "auto":
+            return self
+        run = copy.copy(self)
+        job = _JOB.get() or (n, batch_size)
+        run.options = dataclasses.replace(self.options, compile=auto_compile(model.seq_len, *job))
+        return run
 
     def check_prefix(self, model, prefix: torch.Tensor, n: int) -> torch.Tensor:
         if not self.prefix:

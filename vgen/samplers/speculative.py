@@ -43,7 +43,12 @@ class SpeculativeOptions(SamplingOptions):
     """Options every speculative sampler shares. ``fresh_q=proposal`` verifies drafts against what they were really
     drawn from (uniform for random, the sampled distribution for sample; copies are deterministic, so one-hot);
     ``onehot`` is the official SJD code's choice. Both are lossless; the proposal accepts more."""
-    window: int = option(16, "tokens per forward pass: the last accepted one plus window-1 drafts")
+    window: int | str = option("auto", "tokens per forward pass: the last accepted one plus window-1 drafts; auto "
+                               "(cost-aware): chosen every pass from the measured cost of each width and the "
+                               "observed acceptance, 1 = a plain AR step")
+    max_window: int = option(8, "window=auto: the widest pass it may choose")
+    costs: str = option("", "window=auto: relative pass costs per width, e.g. '1:1,2:1.3,4:1.8' (empty: measured "
+                        "once per model, device and settings, cached on disk)")
     init: str = option("random", "drafts for new positions: random (uniform), horizontal (copy the left token), "
                        "vertical (copy the token above; left in the first row), sample (draw from the target), "
                        "temporal (video: copy the token at the same place in the previous frame; vertical in the "
@@ -53,11 +58,42 @@ class SpeculativeOptions(SamplingOptions):
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
-        if self.window < 2:
-            raise VGenError(f"window must be >= 2 (the last accepted token plus at least one draft), got {self.window}")
+        if isinstance(self.window, str) and self.window.strip().lower() == "auto":
+            self.window = "auto"
+        elif isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 2:
+            raise VGenError(f"window must be auto or a whole number >= 2 (the last accepted token plus at least one "
+                            f"draft), got {self.window!r}")
+        if self.max_window < 2:
+            raise VGenError(f"max_window must be >= 2, got {self.max_window}")
+        if self.costs:
+            parse_costs(self.costs)
         if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
             raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images "
                             f"(token grid {spec.token_shape}): use init=vertical")
+
+
+def parse_costs(text: str) -> dict[int, float]:
+    """``'1:1,2:1.3,4:1.8'`` -> {1: 1.0, 2: 1.3, 4: 1.8} (width: relative cost of one pass); width 1 required."""
+    try:
+        out = {int(w): float(c) for w, c in (item.split(":") for item in text.split(",") if item.strip())}
+    except ValueError:
+        out = {}
+    if 1 not in out or any(w < 1 or not 0 < c < float("inf") for w, c in out.items()):
+        raise VGenError(f"costs must look like '1:1,2:1.3,4:1.8' (width:relative cost, positive, width 1 included), "
+                        f"got {text!r}")
+    return out
+
+
+def expected_tokens(alpha: float, width: int, left: int) -> float:
+    """Tokens one pass decides when each draft passes with probability ``alpha`` (the first rejection ends the
+    run; the corrected or bonus token counts): 1 + alpha + ... + alpha^(w-1), at most ``left``."""
+    w = max(1, min(width, left))
+    return float(w) if alpha >= 1 else (1 - alpha ** w) / (1 - alpha)
+
+
+def best_width(costs: dict[int, float], alpha: float, left: int) -> int:
+    """The width with the most expected tokens per unit of pass cost."""
+    return max(sorted(costs), key=lambda w: expected_tokens(alpha, w, left) / costs[w])
 
 
 def _copy_source(last: torch.Tensor, off: torch.Tensor, stride: int) -> torch.Tensor:
@@ -99,11 +135,13 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     return f, F.one_hot(f, V).to(p_last.dtype)
 
 
-def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: int, W: int, grid: tuple, cfg: bool,
-              cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float, init: str,
-              fresh_q: str, rule, rule_args: tuple, rule_kw: dict):
-    """One forward pass + vectorised verification for every sample. State (per sample b):
-    tokens[b, :n[b]] accepted, tokens[b, n[b]:n[b]+W-1] drafts with distributions qwin[b] (W-1, V)."""
+def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
+              grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float,
+              init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict):
+    """One forward pass of width W + vectorised verification for every sample. State (per sample b):
+    tokens[b, :n[b]] accepted, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b] (D, V), D >= W - 1 (the
+    widest window's). Sample b uses its own width wv[b] <= W: it checks its first wv[b] - 1 drafts and drafts anew
+    after them, exactly as a pass of width wv[b] would (the wider positions are computed and ignored). u: (B, 3D+2)."""
     ar = torch.arange(W, device=n.device)
     idx = n[:, None] - 1 + ar  # the last accepted token, then the drafts
     inp = tokens.gather(1, idx)
@@ -113,37 +151,126 @@ def spec_step(model, cache, tokens, n, qwin, logp, smap, counts, u, it, *, L: in
     logits = model.decode(inp, pos, cache)
     p = window_target(logits, n[:, None] + ar, cfg, cfg_scale, cfg_interval, temperature, top_k, top_p)  # (B, W, V)
 
+    ua, ur, uj, uf = u.split([D, 1, D + 1, D], dim=1)
     didx = n[:, None] + ar[:-1]
     x = tokens.gather(1, didx)
-    pd = p[:, :-1]
-    px = pd.gather(-1, x[..., None]).squeeze(-1)
-    qx = qwin.gather(-1, x[..., None]).squeeze(-1)
-    a = rule(pd, qwin, x, px, qx, *rule_args, **rule_kw)
-    a = torch.where((px > 0) & (didx < L), a, torch.zeros_like(a))
-    ua, ur, uj, uf = u.split([W - 1, 1, W, W - 1], dim=1)
-    k = leading_accepts(ua, a)  # drafts accepted (B,)
-    tok_k = correction(p, qwin, k, ur[:, 0])
-    y = sample_from_probs(p, uj)  # Jacobi update at every position: next drafts after the rejection
+    mine = ar[:-1] < (wv - 1)[:, None]  # the drafts each sample checks
+    q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
+    if W > 1:
+        pd = p[:, :-1]
+        px = pd.gather(-1, x[..., None]).squeeze(-1)
+        qx = q.gather(-1, x[..., None]).squeeze(-1)
+        a = rule(pd, q, x, px, qx, *rule_args, **rule_kw)
+        a = torch.where((px > 0) & (didx < L) & mine, a, torch.zeros_like(a))
+        k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
+    else:  # a plain AR step: no drafts to check
+        k = torch.zeros_like(n)
+    tok_k = correction(p, q, k, ur[:, 0])
     kk = k[:, None]
-    cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+    if W > 1:
+        y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
+        cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+    else:
+        cand = tok_k[:, None]
     lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
 
     widx = n[:, None] + ar
     tokens = tokens.scatter(1, widx, cand)
     logp = logp.scatter(1, widx, lp)  # positions past n+k are rewritten when they are decided
     smap = smap.scatter(1, widx, it.expand_as(widx))
-    last = n + W - 1
-    f, fq = fresh_drafts(tokens, last, p[:, -1], uf, init=init, fresh_q=fresh_q, grid=grid)
-    tokens = tokens.scatter(1, last[:, None] + 1 + ar[:-1], f)
-    qwin = gather_rows(torch.cat([p, fq], 1), kk + 1 + ar[:-1])
+    last = n + wv - 1  # each sample's window end: new drafts after it (over what the wider pass wrote)
+    p_last = p.gather(1, (wv - 1)[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)
+    f, fq = fresh_drafts(tokens, last, p_last, uf, init=init, fresh_q=fresh_q, grid=grid)
+    dr = torch.arange(D, device=n.device)
+    tokens = tokens.scatter(1, last[:, None] + 1 + dr, f)
+    j = kk + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then the new ones
+    qwin = gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
 
     active = n < L
     left = L - n
     emitted = torch.where(active, torch.minimum(k + 1, left), 0)
-    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), torch.full_like(k, W - 1)), 0)
+    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), wv - 1), 0)
     accepted = torch.where(active, torch.minimum(k, left), 0)
     counts = counts + torch.stack([active.long(), checked, accepted], 1)
     return tokens, n + emitted, qwin, logp, smap, counts
+
+
+# The widths window=auto measures and chooses from: each is one compiled graph per attention-length bucket, so few
+# (3 cost the same as 4 on this CPU: docs/benchmarks.md).
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+class WidthPolicy:
+    """Cost-aware window: before each pass, the width with the most expected tokens per unit of cost, from the
+    pass costs and a running estimate of the per-draft acceptance (decayed sums of accepted and checked drafts
+    plus a prior worth ``WEIGHT`` drafts; with nothing observed, e.g. at width 1, the estimate drifts back to the
+    prior, so the sampler probes speculation again). The width depends only on past passes, so every pass is an
+    exact speculative step and the sampler stays exact. One policy per sample, fed by that sample's passes only."""
+    PRIOR, WEIGHT, DECAY = 0.4, 2.0, 0.9
+
+    def __init__(self, costs: dict[int, float]):
+        self.costs, self.accepted, self.checked = costs, 0.0, 0.0
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.PRIOR * self.WEIGHT) / (self.checked + self.WEIGHT)
+
+    def observe(self, accepted: int, checked: int) -> None:
+        self.accepted = self.DECAY * self.accepted + accepted
+        self.checked = self.DECAY * self.checked + checked
+
+    def width(self, left: int) -> int:
+        return best_width(self.costs, self.alpha, left)
+
+
+def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, repeats: int = 7) -> dict[int, float]:
+    """Seconds per pass of ``step`` at each width for one sample, for this model (architecture, dtype, device),
+    thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a warm-up
+    call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. One sample's costs serve every
+    batch size, so a sample's widths (and tokens) never depend on its batch."""
+    S = 1
+    import hashlib
+    import json
+
+    from vgen.io import atomic_write_json, cache_dir
+    w0 = next(model.parameters())
+    ident = json.dumps([model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(),
+                        torch.__version__, [str(k) for k in key], kw["cfg"], kw["D"]], sort_keys=True, default=str)
+    name = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    path = cache_dir() / "pass_costs.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    known = {int(w): c for w, c in table.get(name, {}).items()}
+    if all(w in known for w in widths):
+        return known
+    L, D, dev, V = kw["L"], kw["D"], w0.device, model.vocab_size
+    rows = 2 * S if kw["cfg"] else S
+    cache = model.new_cache(rows)
+    cache.limit(None)
+    model.prefill(torch.zeros(rows, dtype=torch.long, device=dev), cache)
+    n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
+    state = (torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev), n,
+             torch.full((S, D, V), 1.0 / V, device=dev), torch.zeros((S, L + 2 * D + 2), device=dev),
+             torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev),
+             torch.zeros((S, 3), dtype=torch.long, device=dev))
+    u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
+    it = torch.tensor(1, device=dev)
+    seen = model.cond_len + L // 2 + max(widths)
+    times = {w: [] for w in widths}
+    for r in range(repeats + 1):
+        for w in widths:
+            cache.limit(cache.bucket(seen))
+            t0 = time.perf_counter()
+            out = step(model, cache, *state[:2], torch.full_like(n, w), *state[2:], u, it, W=w, **kw)
+            out[1].tolist()  # wait for the device
+            if r:
+                times[w].append(time.perf_counter() - t0)
+    costs = {w: sorted(t)[len(t) // 2] for w, t in times.items()}
+    table[name] = {**{str(w): c for w, c in known.items()}, **{str(w): c for w, c in costs.items()}}
+    atomic_write_json(path, table)
+    return {**known, **costs}
 
 
 class SpeculativeSampler(Sampler):
@@ -162,26 +289,29 @@ class SpeculativeSampler(Sampler):
         slot, so a long job never waits for the slowest sample of a batch (only the last ones do)."""
         o = self.options
         t0 = time.perf_counter()
-        N, L, W, dev = cond.shape[0], model.seq_len, o.window, cond.device
+        N, L, dev = cond.shape[0], model.seq_len, cond.device
+        adaptive = o.window == "auto"
+        Wmax = o.max_window if adaptive else o.window  # the widest pass; drafts are kept for it
+        D = Wmax - 1
         S = min(batch_size, N)
         grid = tuple(model.token_shape)
         rule_args, rule_kw = self.rule_inputs(model, codebook)
         cfg = o.guided
         cache = model.new_cache(2 * S if cfg else S)
-        kw = dict(L=L, W=W, grid=grid, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
+        kw = dict(L=L, D=D, grid=grid, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
                   rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw)
         step = compiled(spec_step) if o.compile else spec_step
 
         P = 0 if prefix is None else prefix.shape[1]  # given tokens: each sample starts at token P
-        B = L + 2 * W  # buffer length: drafts may run past the end of the image
+        B = L + 2 * Wmax  # buffer length: drafts may run past the end of the image
         tokens = torch.zeros((S, B), dtype=torch.long, device=dev)
         logp = torch.zeros((S, B), dtype=torch.float32, device=dev)
         smap = torch.zeros((S, B), dtype=torch.long, device=dev)
-        qwin = torch.zeros((S, W - 1, model.vocab_size), device=dev)
+        qwin = torch.zeros((S, D, model.vocab_size), device=dev)
         n = torch.full((S,), L, dtype=torch.long, device=dev)  # an empty slot counts as finished
         counts = torch.zeros((S, 3), dtype=torch.long, device=dev)
-        u = torch.zeros((S, L, 3 * W - 1), device=dev)
+        u = torch.zeros((S, L, 3 * D + 2), device=dev)
         slot_cond = cond[:1].expand(S, *cond.shape[1:]).clone()
         owner = [-1] * S  # sample index held by each slot
         start = torch.zeros(S, dtype=torch.long, device=dev)  # iteration at which each slot was prefilled
@@ -200,9 +330,9 @@ class SpeculativeSampler(Sampler):
             idx = torch.tensor(slots, device=dev)
             start[idx] = it
             for b in slots:
-                owner[b] = next_sample
+                owner[b], policies[b] = next_sample, None
                 slot_cond[b] = cond[next_sample]
-                u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * W - 1), dev, stream=1)[0]
+                u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * D + 2), dev, stream=1)[0]
                 next_sample += 1
             cond_in = torch.cat([slot_cond, model.null_cond(slot_cond)]) if cfg else slot_cond
             first = torch.full((S,), P, dtype=torch.long, device=dev)  # the first token to draw
@@ -219,10 +349,10 @@ class SpeculativeSampler(Sampler):
                 prefills += 1
             p0 = window_target(logits, first[:, None], cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k,
                                o.top_p)[:, 0]
-            _, ur, _, uf = u[:, 0].split([W - 1, 1, W, W - 1], dim=1)
+            _, ur, _, uf = u[:, 0].split([D, 1, D + 1, D], dim=1)
             t_new[:, P] = sample_from_probs(p0, ur[:, 0])
             f, q_new = fresh_drafts(t_new, first, p0, uf, init=o.init, fresh_q=o.fresh_q, grid=grid)
-            t_new[:, P + 1:P + W] = f
+            t_new[:, P + 1:P + 1 + D] = f
             tokens[idx] = t_new[idx]
             logp[idx, :P] = 0.0
             logp[idx, P] = p0[idx].gather(-1, t_new[idx, P:P + 1]).squeeze(-1).clamp_min(1e-30).log()
@@ -231,11 +361,24 @@ class SpeculativeSampler(Sampler):
             n[idx] = P + 1
             counts[idx] = 0
 
+        costs = None
+        if adaptive:
+            costs = parse_costs(o.costs) if o.costs else pass_costs(
+                model, step, kw, [w for w in WIDTHS if w <= Wmax], key=(self.name, o.compile, o.top_k > 0,
+                                                                        o.top_p < 1, o.init, o.fresh_q))
+            costs = {w: c for w, c in costs.items() if w <= Wmax}
+        policies = [None] * S  # window=auto: each slot's own width policy (from its own sample's passes only)
+        widths = [Wmax] * S
         fill(list(range(S)))
         bar = tqdm(total=N * L, disable=not progress, desc=self.name, unit="tok", leave=False)
-        shown = 0
+        shown, before, width_sum, width_n = 0, None, 0, 0
         while True:
             n_host = n.tolist()
+            if costs is not None and before is not None:  # what each sample's last pass accepted
+                for b in range(S):
+                    if owner[b] >= 0 and before[b] < n_host[b] < L:
+                        k = n_host[b] - before[b] - 1
+                        policies[b].observe(k, min(k + 1, widths[b] - 1))
             finished = [b for b in range(S) if owner[b] >= 0 and n_host[b] >= L]
             for b in finished:  # collect
                 i = owner[b]
@@ -259,15 +402,26 @@ class SpeculativeSampler(Sampler):
             it += 1
             # attention reads the filled prefix only: the furthest position an active sample feeds, plus one
             front = max(n_host[b] for b in range(S) if owner[b] >= 0)
+            if costs is not None:
+                for b in range(S):
+                    if owner[b] >= 0:
+                        if policies[b] is None:  # a new sample in this slot
+                            policies[b] = WidthPolicy(costs)
+                        widths[b] = policies[b].width(L - n_host[b])
+                before = list(n_host)
+            act = [widths[b] for b in range(S) if owner[b] >= 0 and n_host[b] < L]
+            W = max(act)
+            width_sum, width_n = width_sum + sum(act), width_n + len(act)
             seen = model.cond_len + min(L - 1, front + W - 2) + 1
             cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
             ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
-            tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, qwin, logp, smap, counts, ui,
-                                                       torch.tensor(it, device=dev), **kw)
+            wv = torch.tensor(widths, device=dev).clamp_max(W)
+            tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, wv, qwin, logp, smap, counts, ui,
+                                                       torch.tensor(it, device=dev), W=W, **kw)
         bar.close()
         stats = {"forward_passes": it + prefills, "tokens": N * (L - P), "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp[:, P:].mean()),
                  "accepted_per_step": float(((L - P) / passes).mean()),
                  "acceptance_rate": accepted / checked if checked else 0.0,
-                 "step_map": out_smap}
+                 "mean_window": width_sum / max(width_n, 1), "step_map": out_smap}
         return out_tokens, stats

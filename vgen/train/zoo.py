@@ -32,9 +32,9 @@ import torch
 from vgen.data import CLASS_NAMES, NUM_CLASSES
 from vgen.io import atomic_write_json, make_grid, save_png, save_safetensors
 
-# window/init: the fastest speculative settings measured on this CPU (docs/benchmarks.md); samplers ignore
-# the keys they do not take.
-DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 4, "init": "vertical"}
+# init: the best speculative drafts measured on this CPU (docs/benchmarks.md); the window is the samplers' own
+# default (auto: cost-aware). Samplers ignore the keys they do not take.
+DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "init": "vertical"}
 
 
 NAR_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0}  # photos-gpt's, for a like-for-like comparison
@@ -133,7 +133,7 @@ def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dic
     return card
 
 
-VIDEO_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 16, "init": "temporal"}
+VIDEO_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "max_window": 16, "init": "temporal"}
 
 
 def export_video(vq_path: str, model_path: str, out: str, name: str, kind: str = "video-gpt",
