@@ -372,6 +372,7 @@ class SpeculativeSampler(Sampler):
         fill(list(range(S)))
         bar = tqdm(total=N * L, disable=not progress, desc=self.name, unit="tok", leave=False)
         shown, before, width_sum, width_n = 0, None, 0, 0
+        wv = torch.full((S,), Wmax, dtype=torch.long, device=dev)
         while True:
             n_host = n.tolist()
             if costs is not None and before is not None:  # what each sample's last pass accepted
@@ -415,7 +416,8 @@ class SpeculativeSampler(Sampler):
             seen = model.cond_len + min(L - 1, front + W - 2) + 1
             cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
             ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
-            wv = torch.tensor(widths, device=dev).clamp_max(W)
+            if costs is not None:  # fixed window: wv stays all Wmax, built once below
+                wv = torch.tensor(widths, device=dev).clamp_max(W)
             tokens, n, qwin, logp, smap, counts = step(model, cache, tokens, n, wv, qwin, logp, smap, counts, ui,
                                                        torch.tensor(it, device=dev), W=W, **kw)
         bar.close()
