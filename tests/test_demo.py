@@ -100,7 +100,7 @@ def server():
 
 
 @needs_zoo("photos-gpt")
-def test_gradio_client_generate_endpoint_returns_the_png(server):
+def test_gradio_client_generate_endpoint_returns_the_png(server, capfd):
     from gradio_client import Client
     from PIL import Image
 
@@ -113,6 +113,7 @@ def test_gradio_client_generate_endpoint_returns_the_png(server):
     assert np.array_equal(got, ref)  # lossless, same bytes as the pipeline
     with pytest.raises(Exception, match="out of range"):
         client.predict(99, 0, "ar", api_name="/generate")  # the UI error reaches the client, no traceback
+    assert "Traceback" not in capfd.readouterr().err  # nor in the server's log
 
 
 @needs_zoo("photos-gpt")

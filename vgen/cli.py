@@ -57,6 +57,36 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
                     raise VGenError(f"unknown {key} {v!r}; available: {', '.join(valid)}{extra}")
 
 
+_TYPES = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "String": "text"}
+
+
+def _config_error(e: Exception, command: str) -> str | None:
+    """One line for an error Hydra or OmegaConf raised while composing the config (a bad override), naming the
+    key and what it takes; None for any other exception."""
+    import re
+
+    from hydra.errors import HydraException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+    if not isinstance(e, (HydraException, OmegaConfBaseException)):
+        return None
+    cause = e.__cause__ if isinstance(e.__cause__, OmegaConfBaseException) else e
+    key = getattr(cause, "full_key", None)
+    lines = [x.strip() for x in str(cause).splitlines() if x.strip()]
+    first = lines[0] if lines else type(e).__name__
+    keys = f"`vgen {command} --cfg job` lists every key"
+    if isinstance(e, OverrideParseException):
+        detail = "; ".join(x for x in lines[:2] if not x.startswith("See "))
+        return f"cannot read the override ({detail}): write key=value, e.g. seed=3 ({keys})"
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
+        return f"unknown key {key!r}: {keys}"
+    if isinstance(cause, ValidationError) and key:
+        m = re.match(r"Value '(.*)' of type '\w+' could not be converted to (\w+)", first)
+        if m:
+            return f"{key}={m.group(1)}: {key} takes {_TYPES.get(m.group(2), m.group(2))}"
+        return f"{key}: {first} ({keys})"
+    return f"{first} ({keys})"
+
+
 def _task(command: str):
     from vgen import commands
     return getattr(commands, command)
@@ -97,10 +127,27 @@ def main(argv: list[str] | None = None) -> None:
             print(f"vgen {command}: error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    if int(os.environ.get("RANK", 0)) > 0:
-        rest = rest + ["hydra.output_subdir=null"]  # torchrun: rank 0 alone records the config
     sys.argv = [f"vgen {command}"] + rest
-    _app()
+    full = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors (instead of printing and exiting 1): caught here
+    try:
+        _app()
+    except KeyboardInterrupt:
+        hint = (" (finished samples are kept: run the same command again to resume)" if command == "sample" else
+                " (run the same command again to resume from the last checkpoint)" if command == "train" else "")
+        print(f"\nvgen {command}: interrupted{hint}", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        msg = _config_error(e, command)
+        if msg is None or full:  # not a configuration error, or the user asked for Hydra's full report
+            raise
+        print(f"vgen {command}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        if full is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full
 
 
 if __name__ == "__main__":

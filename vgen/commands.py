@@ -16,12 +16,17 @@ def _options(node) -> dict:
 
 
 def _output_dir(cfg) -> Path:
-    """Hydra's job folder: ``outdir`` for a single run, ``outdir/<job number>`` in a multirun sweep."""
+    """The job's folder: ``outdir`` for a single run, ``outdir/<job number>`` in a multirun sweep (Hydra's sweep
+    folder; a single run's Hydra folder is ``.``, so Hydra itself creates nothing before the run is accepted)."""
     try:
         from hydra.core.hydra_config import HydraConfig
-        return Path(HydraConfig.get().runtime.output_dir)
+        from hydra.types import RunMode
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return Path(hc.runtime.output_dir)
     except ValueError:  # called outside a Hydra app
-        return Path(cfg.outdir)
+        pass
+    return Path(cfg.outdir)
 
 
 def sample(cfg: DictConfig):
@@ -41,16 +46,23 @@ def sample(cfg: DictConfig):
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
                     grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
                     prompt_frames=cfg.prompt_frames)
+    from vgen.configs import record_config
     with sampling_job(cfg.num_samples, cfg.batch_size):  # compile=auto: one choice for the whole job, every rank
-        return job.run(_output_dir(cfg))
+        return job.run(_output_dir(cfg), accepted=lambda folder: record_config(cfg, folder))
 
 
 def bench(cfg: DictConfig):
-    from vgen.eval.bench import run_bench
-    return run_bench(cfg)
+    from vgen import validate
+    from vgen.configs import record_config
+    from vgen.eval.bench import plan, report, run
+    p = plan(cfg)  # every setting checked before anything is written or loaded
+    out = validate.outdir(cfg.outdir)
+    record_config(cfg, out)
+    return report(p, *run(p))
 
 
 def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
+    from vgen import validate
     from vgen.eval.metrics import BACKENDS, export_npz, fid, load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
@@ -66,13 +78,13 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     if metric == "fvd":
         return _eval_fvd(cfg)
     if metric == "npz":
-        out = Path(cfg.out or (str(Path(samples).with_suffix("")) + ".npz"))
+        out = validate.out_file(cfg.out or (str(Path(samples).with_suffix("")) + ".npz"))
         n = len(load_images(samples, "samples")[0])
         export_npz(samples, out)
         print(f"wrote {n} images to {out} (arr_0, uint8 NHWC: the ADM evaluator's sample batch)")
         return str(out)
     sp = Path(samples)
-    out = Path(cfg.out) if cfg.out else (sp / "metrics.json" if sp.is_dir() else Path("metrics.json"))
+    out = validate.out_file(cfg.out or (sp / "metrics.json" if sp.is_dir() else "metrics.json"))
     res = fid(samples, cfg.reference or "photos-test", extractor=cfg.extractor, backend=cfg.backend, isc=cfg.isc,
               kid_subset_size=cfg.kid_subset_size, inception_weights=cfg.inception_weights,
               classifier=cfg.classifier, batch_size=cfg.batch_size or 64, device=cfg.device, progress=cfg.progress)
@@ -92,7 +104,8 @@ def _eval_fvd(cfg: DictConfig) -> dict:
     from vgen.io import atomic_write_json
     samples = cfg.samples
     sp = Path(samples)
-    out = Path(cfg.out) if cfg.out else (sp / "fvd.json" if sp.is_dir() else Path("fvd.json"))
+    from vgen import validate
+    out = validate.out_file(cfg.out or (sp / "fvd.json" if sp.is_dir() else "fvd.json"))
     res = fvd(samples, cfg.reference or "clips-test", extractor=cfg.extractor, i3d_weights=cfg.i3d_weights,
               video_classifier=cfg.video_classifier, batch_size=cfg.batch_size or 16, device=cfg.device,
               progress=cfg.progress)
@@ -124,8 +137,24 @@ def demo(cfg: DictConfig):
     for d in cfg.allowed_dirs or []:
         if not Path(d).expanduser().is_dir():
             raise VGenError(f"allowed_dirs: {d} is not a directory")
+    _port_free(cfg.server_name, cfg.server_port)
     from vgen.demo import launch
     launch(cfg)
+
+
+def _port_free(host: str, port: int) -> None:
+    """The demo's port must be free: say which one is taken and offer one that is not."""
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return
+        except OSError as e:
+            reason = e.strerror or str(e)
+    with socket.socket() as s:
+        s.bind((host, 0))
+        free = s.getsockname()[1]
+    raise VGenError(f"cannot serve on {host}:{port} ({reason}): choose another port, e.g. server_port={free}")
 
 
 def train(cfg: DictConfig):

@@ -256,7 +256,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
         try:
             results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress)
         except VGenError as e:
-            raise gr.Error(str(e)) from None
+            raise gr.Error(str(e), print_exception=False) from None
         base = results[0]["sampler"]
         out = tempfile.mkdtemp(prefix="vgen-demo-")
         images = [(shown(r["image"], out, f"{k}"), f"{r['sampler']}: {r['seconds']:.2f} s, "
@@ -304,7 +304,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
             try:
                 return demo.generate_one(c, s, sampler or "ar", default_model)
             except VGenError as e:
-                raise gr.Error(str(e)) from None
+                raise gr.Error(str(e), print_exception=False) from None
         gr.Button(visible=False).click(api_generate, [api_cls, api_seed, api_sampler], api_out,
                                        api_name="generate")
     app.queue(default_concurrency_limit=1, max_size=16)  # one generation at a time: memory stays bounded

@@ -67,6 +67,7 @@ class SampleJob:
             raise VGenError(f"batch_size must be >= 1, got {self.batch_size}")
         validate.seed(self.seed, self.num_samples)
         validate.device(self.device)
+        validate.outdir(self.outdir)
         n_cls = int(card["num_classes"])
         base = list(self.labels) if self.labels is not None else list(range(n_cls))
         if not base:
@@ -77,8 +78,10 @@ class SampleJob:
         self.prompt_clip(card)
         return card, name, opts, [int(base[i % len(base)]) for i in range(self.num_samples)]
 
-    def run(self, out: Path | None = None) -> dict | None:
-        """Draw the missing samples into ``out`` (default ``outdir``); rank 0 returns the merged stats."""
+    def run(self, out: Path | None = None, accepted=None) -> dict | None:
+        """Draw the missing samples into ``out`` (default ``outdir``); rank 0 returns the merged stats.
+        ``accepted(out)`` runs on rank 0 once the folder is locked and holds this run (or nothing), before any
+        sample is drawn: where the CLI records the config (a refused run writes nothing)."""
         from tqdm.auto import tqdm
 
         from vgen import distributed as vd
@@ -89,7 +92,7 @@ class SampleJob:
         from vgen.interfaces import ModelSpec
         video = ModelSpec.from_card(card).is_video
         ext = ".mp4" if video else ".png"
-        out = Path(out or self.outdir)
+        out = validate.outdir(out or self.outdir)
         n = len(labels)
         run_key = {"model": self.model, "sampler": name, "options": opts, "seed": self.seed,
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
@@ -99,9 +102,18 @@ class SampleJob:
             run_key["prompt"] = {"file": str(self.prompt), "frames": self.prompt_frames,
                                  "sha1": hashlib.sha1(clip.numpy().tobytes()).hexdigest()}
         t_start = time.perf_counter()
-        with vd.process_group(self.device) as (rank, world, device):
-            todo = prepare_outdir(out, run_key, n, ext) if rank == 0 else None  # one view, shared before any write
+        with vd.process_group(self.device) as (rank, world, device), FolderLock(out):
+            todo = None
+            if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
+                try:
+                    todo = prepare_outdir(out, run_key, n, ext)
+                    if accepted is not None:
+                        accepted(out)
+                except VGenError as e:
+                    todo = e
             todo = vd.broadcast(todo)
+            if isinstance(todo, VGenError):
+                raise VGenError(str(todo))
             mine = todo[rank::world]
             pipe = Pipeline.from_pretrained(self.model, device=device)
             shard = f" [rank {rank}/{world}]" if world > 1 else ""
@@ -140,6 +152,80 @@ class SampleJob:
         return summary
 
 
+class FolderLock:
+    """One job per output folder: ``<folder>/.vgen.lock`` holds the owner's host, pid and job id while it runs.
+    The processes of one torchrun job share the lock (same job id: torchrun's run id and rendezvous address); a
+    second job is refused with a one-line error; a lock whose owner died on this host is taken over. The lock is
+    created atomically with its content (written aside, then hard-linked into place), removed by its creator."""
+    NAME = ".vgen.lock"
+
+    def __init__(self, folder: Path):
+        import os
+        import socket
+        self.path = Path(folder) / self.NAME
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        self.job = (f"torchrun:{os.environ.get('TORCHELASTIC_RUN_ID')}@{os.environ.get('MASTER_ADDR')}:"
+                    f"{os.environ.get('MASTER_PORT')}" if world > 1 else f"{self.host}:{self.pid}")
+        self.owner = False
+
+    def _read(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}  # unreadable: treated as held by someone else
+
+    def _alive(self, info: dict) -> bool:
+        import os
+        if info.get("host") != self.host or not isinstance(info.get("pid"), int):
+            return True  # another machine's process cannot be checked from here
+        try:
+            os.kill(info["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def __enter__(self):
+        import os
+        import tempfile
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"host": self.host, "pid": self.pid, "job": self.job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        for _ in range(3):
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".vgen.lock.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+                os.link(tmp, self.path)  # atomic: fails if the lock exists
+                self.owner = True
+                return self
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
+            info = self._read()
+            if info is None:
+                continue  # released meanwhile: try again
+            if info.get("job") == self.job:
+                return self  # another process of this torchrun job made it
+            if info and not self._alive(info):  # stale: its owner died on this host
+                if self._read() == info:  # still that dead owner's (not one a concurrent run just took over)
+                    self.path.unlink(missing_ok=True)
+                continue
+            who = f"pid {info.get('pid')} on {info.get('host')} since {info.get('started')}" if info else "another run"
+            raise VGenError(f"{self.path.parent} is in use by {who}: wait for it, or choose another outdir "
+                            f"(delete {self.path} if that run is gone)")
+        raise VGenError(f"could not lock {self.path.parent}: another run keeps taking it; choose another outdir")
+
+    def __exit__(self, *exc):
+        if self.owner and (self._read() or {}).get("pid") == self.pid:
+            self.path.unlink(missing_ok=True)
+        return False
+
+
 def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[int]:
     """Check the folder holds this run (or nothing), drop temp files of a killed run, list missing indices."""
     from vgen.io import atomic_write_json
@@ -156,7 +242,8 @@ def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[
         raise VGenError(f"{out} already holds numbered samples from an unknown run: choose a new outdir")
     atomic_write_json(key_file, run_key)
     for tmp in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
-        tmp.unlink(missing_ok=True)  # left by a killed writer; the final names are never partial
+        if not tmp.name.startswith(".vgen.lock."):  # another job's lock being written (it will be refused)
+            tmp.unlink(missing_ok=True)  # left by a killed writer of this folder (the lock says no one else writes)
     return [i for i in range(n) if not (out / f"{i:06d}{ext}").exists()]
 
 

@@ -3,6 +3,8 @@ each failure a one-line ``VGenError`` that names the problem and the fix."""
 from __future__ import annotations
 
 import numbers
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -68,3 +70,46 @@ def device(name) -> torch.device:
     except (RuntimeError, AssertionError) as e:
         raise VGenError(f"device={name!r} cannot be used here ({str(e).splitlines()[0]}): use device=cpu") from None
     return dev
+
+
+def _nearest_existing(p: Path) -> Path:
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _refusal(p: Path) -> str | None:
+    """Why folder ``p`` cannot be written into or created (None: it can). Nothing is left behind."""
+    import tempfile
+    base = _nearest_existing(p.absolute())
+    if not base.is_dir():
+        return f"{base} is a file"
+    try:  # the one sure test (permission bits lie to root, and /proc refuses even root): make and remove a folder
+        os.rmdir(tempfile.mkdtemp(dir=base, prefix=".vgen-probe-"))
+    except OSError as e:
+        return f"{base} is not writable: {e.strerror or e}"
+    return None
+
+
+def outdir(path, key: str = "outdir") -> Path:
+    """A folder a run may write into: an existing folder, or one that can be created (its nearest existing
+    ancestor is a writable folder). Nothing is created here."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.exists() and not p.is_dir():
+        raise VGenError(f"{key}={path} is a file, not a folder: choose another {key}")
+    why = _refusal(p)
+    if why:
+        raise VGenError(f"{key}={path} cannot be written ({why}): choose a folder you can write to")
+    return p
+
+
+def out_file(path, key: str = "out") -> Path:
+    """A file a command may write (atomically, in its folder): not a folder, and its folder exists or can be
+    created and is writable. Checked before the work whose result it will hold."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.is_dir():
+        raise VGenError(f"{key}={path} is a folder: give a file name, e.g. {key}={Path(path) / 'metrics.json'}")
+    why = _refusal(p.parent)
+    if why:
+        raise VGenError(f"{key}={path} cannot be written ({why}): choose a file in a folder you can write to")
+    return p

@@ -46,6 +46,28 @@ def command_line() -> list[str]:
         return []
 
 
+def record_config(cfg, folder) -> None:
+    """What Hydra's ``output_subdir`` would write, written only once the run has been accepted (a refused run
+    must leave its folder untouched): ``folder/.hydra/config.yaml`` (the composed config) and ``overrides.yaml``
+    (the command line), atomically. Outside a Hydra app, or on a torchrun rank other than 0, it writes nothing."""
+    import os
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from vgen.io import atomic_write_bytes
+    if int(os.environ.get("RANK", 0)) > 0:
+        return
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        overrides = list(HydraConfig.get().overrides.task)
+    except ValueError:
+        return
+    d = Path(folder) / ".hydra"
+    atomic_write_bytes(d / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+    atomic_write_bytes(d / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)).encode())
+
+
 def chosen_on_command_line(key: str) -> bool:
     """Whether the command line chose config group ``key`` (e.g. ``sampler=...``)."""
     return any(o.split("=")[0].lstrip("+~") == key for o in command_line())

@@ -1,0 +1,213 @@
+"""Bad input on the command line: Hydra's own errors as one line (exit 2), nothing touched by a refused run, one
+job per output folder (a lock), Ctrl-C stops cleanly, output files checked before the work, the demo's port."""
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vgen.errors import VGenError
+
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` (hidden ones included) with its bytes' digest."""
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def cli(args, capsys) -> tuple[int, str]:
+    """The `vgen` command in process: (exit code, stderr)."""
+    from vgen.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    return e.value.code, capsys.readouterr().err.strip()
+
+
+def one_line(err: str) -> str:
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("arg,msg", [
+    ("num_samples=abc", "num_samples=abc: num_samples takes a whole number"),
+    ("seed=1.5", "seed=1.5: seed takes a whole number"),
+    ("foo=1", "unknown key 'foo': `vgen sample --cfg job` lists every key"),
+    ("sampler.foo=3", "unknown key 'sampler.foo'"),
+    ("labels=abc", "labels:"),
+    ("model.path", "cannot read the override (Error parsing override 'model.path'; missing EQUAL"),
+    ("num_samples=[", "cannot read the override"),
+])
+def test_hydra_errors_are_one_line_with_exit_code_2(arg, msg, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli(["sample", arg, f"outdir={tmp_path / 'out'}", "progress=false"], capsys)
+    assert code == 2
+    assert one_line(err).startswith("vgen sample: error: ") and msg in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written anywhere: no outdir, no .hydra in the working folder
+    assert os.environ.get("HYDRA_FULL_ERROR") is None  # the switch the CLI sets for itself is put back
+
+
+@pytest.mark.parametrize("make,msg", [
+    (lambda t: (t / "f.txt").write_text("x") and t / "f.txt", "is a file, not a folder"),
+    (lambda t: (t / "f.txt").write_text("x") and t / "f.txt" / "sub", "f.txt is a file"),
+    (lambda t: Path("/proc/vgen-out"), "/proc is not writable"),
+])
+def test_outdir_that_cannot_hold_samples(make, msg, tiny_pipeline, tmp_path, capsys):
+    out = make(tmp_path)
+    before = snapshot(tmp_path)
+    code, err = cli(["sample", f"model.path={tiny_pipeline}", f"outdir={out}", "progress=false"], capsys)
+    assert code == 2 and msg in one_line(err) and "choose" in err
+    assert snapshot(tmp_path) == before
+
+
+def test_refused_runs_leave_the_folder_byte_identical(tiny_pipeline, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    base = ["sample", f"model.path={tiny_pipeline}", "num_samples=2", "batch_size=2", f"outdir={out}",
+            "progress=false"]
+    from vgen.cli import main
+    main(base + ["seed=3"])
+    assert (out / ".hydra" / "config.yaml").exists() and "seed: 3" in (out / ".hydra" / "config.yaml").read_text()
+    assert not (out / ".vgen.lock").exists()  # released at the end
+    before = snapshot(tmp_path)
+    # a resume with another seed: refused, and the recorded config still says seed 3
+    code, err = cli(base + ["seed=4"], capsys)
+    assert code == 2 and "holds samples of another run (differs in seed)" in one_line(err)
+    assert snapshot(tmp_path) == before
+    # refused before any work (a bad option; a Hydra type error): same
+    for bad in (["sampler.temperature=nan"], ["num_samples=abc"], ["seed=-1"]):
+        code, err = cli(base + bad, capsys)
+        assert code == 2, err
+        assert snapshot(tmp_path) == before
+    # a new folder that a refused run names is never created
+    code, _ = cli(["sample", f"model.path={tiny_pipeline}", "sampler.top_k=-2", f"outdir={tmp_path / 'new'}"],
+                  capsys)
+    assert code == 2 and not (tmp_path / "new").exists()
+    # an accepted resume with the same settings keeps every file's bytes (nothing left to draw)
+    main(base + ["seed=3"])
+    after = snapshot(tmp_path)
+    assert {k: v for k, v in after.items() if k != "run/stats.json"} == \
+           {k: v for k, v in before.items() if k != "run/stats.json"}
+
+
+def other_job_lock(folder: Path, pid: int, host: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / ".vgen.lock"
+    lock.write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid, "job": f"other:{pid}",
+                                "started": "2026-01-01 00:00:00"}))
+    return lock
+
+
+def test_a_folder_in_use_is_refused_and_left_alone(tiny_pipeline, tmp_path, capsys):
+    out = tmp_path / "run"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        other_job_lock(out, sleeper.pid)
+        (out / ".000000.png.abc.tmp").write_bytes(b"the other run's file being written")
+        before = snapshot(tmp_path)
+        code, err = cli(["sample", f"model.path={tiny_pipeline}", "num_samples=1", f"outdir={out}",
+                         "progress=false"], capsys)
+        assert code == 2 and f"is in use by pid {sleeper.pid}" in one_line(err) and "choose another outdir" in err
+        assert snapshot(tmp_path) == before  # its temp file survives, its lock too, nothing of ours is written
+        # a lock on another machine cannot be checked from here: refused too, with how to clear it
+        other_job_lock(out, 1, host="elsewhere")
+        code, err = cli(["sample", f"model.path={tiny_pipeline}", "num_samples=1", f"outdir={out}",
+                         "progress=false"], capsys)
+        assert code == 2 and "on elsewhere" in one_line(err) and "delete" in err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_stale_lock_is_taken_over(tiny_pipeline, tmp_path):
+    out = tmp_path / "run"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    other_job_lock(out, dead.pid)
+    from vgen.cli import main
+    main(["sample", f"model.path={tiny_pipeline}", "num_samples=1", f"outdir={out}", "progress=false"])
+    assert (out / "000000.png").exists() and not (out / ".vgen.lock").exists()
+
+
+def test_processes_of_one_torchrun_job_share_the_lock(tmp_path, monkeypatch):
+    from vgen.jobs import FolderLock
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with FolderLock(tmp_path) as a:
+        b = FolderLock(tmp_path)
+        b.pid += 1  # another rank's process
+        with b:
+            assert a.owner and not b.owner
+        assert (tmp_path / ".vgen.lock").exists()  # only its creator removes it
+        monkeypatch.setenv("MASTER_PORT", "29501")  # another torchrun job
+        with pytest.raises(VGenError, match="is in use by pid"):
+            FolderLock(tmp_path).__enter__()
+    assert not (tmp_path / ".vgen.lock").exists()
+
+
+@pytest.mark.slow
+def test_two_concurrent_runs_in_one_folder(tiny_pipeline, tmp_path):
+    """Real processes: while one run draws, a second one in the same folder is refused and deletes nothing."""
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "batch_size=1", "progress=false",
+           f"outdir={out}"]
+    first = subprocess.Popen(cmd + ["num_samples=400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        t0 = time.time()
+        while not (out / "000000.png").exists() and time.time() - t0 < 120 and first.poll() is None:
+            time.sleep(0.05)
+        assert first.poll() is None, "the first run ended before the second could start: make it longer"
+        second = subprocess.run(cmd + ["num_samples=400"], capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and "is in use by pid" in second.stderr, second.stderr
+        assert first.poll() is None, "the first run must still be running while the second is refused"
+    finally:
+        o, e = first.communicate(timeout=300)
+    assert first.returncode == 0, e
+    assert sorted(p.name for p in out.glob("0*.png")) == [f"{i:06d}.png" for i in range(400)]
+    assert not list(out.glob(".*.tmp")) and not (out / ".vgen.lock").exists()
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_pipeline, tmp_path, capsys, monkeypatch):
+    from vgen.pipeline import Pipeline
+    calls = []
+    real = Pipeline.generate
+
+    def generate(self, *a, **k):  # the second batch is interrupted, as by Ctrl-C
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+    monkeypatch.setattr(Pipeline, "generate", generate)
+    out = tmp_path / "run"
+    code, err = cli(["sample", f"model.path={tiny_pipeline}", "num_samples=4", "batch_size=2", f"outdir={out}",
+                     "progress=false"], capsys)
+    assert code == 130 and "Traceback" not in err
+    assert err == "vgen sample: interrupted (finished samples are kept: run the same command again to resume)"
+    assert sorted(p.name for p in out.glob("0*.png")) == ["000000.png", "000001.png"]
+    assert not (out / ".vgen.lock").exists()
+
+
+@pytest.mark.parametrize("out,msg", [("/proc/m.json", "/proc is not writable"), ("{tmp}", "is a folder")])
+def test_eval_checks_its_output_file_before_scoring(out, msg, tmp_path, capsys, monkeypatch):
+    import vgen.eval.metrics as metrics
+    monkeypatch.setattr(metrics, "fid", lambda *a, **k: pytest.fail("scored before the output was checked"))
+    code, err = cli(["eval", "fid", f"samples={tmp_path}", "out=" + out.format(tmp=tmp_path)], capsys)
+    assert code == 2 and msg in one_line(err)
+
+
+def test_demo_port_in_use(capsys):
+    pytest.importorskip("gradio")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code, err = cli(["demo", "server_name=127.0.0.1", f"server_port={port}"], capsys)
+    assert code == 2 and f"cannot serve on 127.0.0.1:{port}" in one_line(err) and "server_port=" in err
