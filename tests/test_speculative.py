@@ -320,11 +320,19 @@ def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
     again, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4)
     assert json.loads((tmp_path / "pass_costs.json").read_text()) == table  # read back, not measured again
     assert torch.equal(first, again) and len(calls) == 2
-    single, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=1)
-    assert torch.equal(single, first)  # one sample's costs serve every batch size: same widths, same tokens
-    assert json.loads((tmp_path / "pass_costs.json").read_text()) == table
     sample(tiny_gpt, [0, 1], "sjd", seed=2, top_p=0.9, max_window=4)
     assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 2  # other settings: their own costs
+    sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=1)
+    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 3  # another batch size: its own costs
+    # the calls of one job (vgen sample's batches, torchrun's ranks) share the job's table: batches of 2 and a
+    # last batch of 1 draw what one call of all three draws
+    from vgen.samplers.base import sampling_job
+    whole, _ = sample(tiny_gpt, [0, 1, 2], "sjd", seed=2, top_k=10, max_window=4, batch_size=2)
+    with sampling_job(3, 2):
+        head, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=2)
+        tail, _ = sample(tiny_gpt, [2], "sjd", seed=4, top_k=10, max_window=4, batch_size=2)
+    assert torch.equal(torch.cat([head, tail]), whole)
+    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 3  # batch 2 again: the first table
 
 
 @pytest.mark.parametrize("opts,match", [(dict(window="wide"), "window must be auto or a whole number"),

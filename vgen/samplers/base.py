@@ -123,13 +123,20 @@ _JOB: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("v
 
 @contextlib.contextmanager
 def sampling_job(samples: int, batch_size: int):
-    """Within this block ``compile=auto`` decides for a whole job of ``samples`` samples in batches of
-    ``batch_size`` (drawn by many sampler calls, e.g. ``vgen sample``'s batches), the same way in every call."""
+    """Within this block ``compile=auto`` (and ``window=auto``'s cost table) decides for a whole job of ``samples``
+    samples in batches of ``batch_size`` (drawn by many sampler calls, e.g. ``vgen sample``'s batches and ranks), the
+    same way in every call."""
     token = _JOB.set((samples, batch_size))
     try:
         yield
     finally:
         _JOB.reset(token)
+
+
+def job_shape(samples: int, batch_size: int) -> tuple[int, int]:
+    """(samples, batch size) of the job a sampler call belongs to: the open :func:`sampling_job`'s, else this
+    call's. Choices made from it (compile=auto, window=auto's pass costs) are the same in every call of a job."""
+    return _JOB.get() or (samples, batch_size)
 
 
 def auto_compile(seq_len: int, samples: int, batch_size: int) -> bool:
@@ -236,7 +243,7 @@ class Sampler:
         if getattr(self.options, "compile", None) != "auto":
             return self
         run = copy.copy(self)
-        job = _JOB.get() or (n, batch_size)
+        job = job_shape(n, batch_size)
         run.options = dataclasses.replace(self.options, compile=auto_compile(model.seq_len, *job))
         return run
 

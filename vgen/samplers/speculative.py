@@ -32,7 +32,7 @@ from vgen.kernels.decode import compiled
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
 from vgen.kernels.verify import correction, gather_rows, leading_accepts, window_target
 from vgen.interfaces import ModelSpec
-from vgen.samplers.base import Sampler, SamplingOptions, option
+from vgen.samplers.base import Sampler, SamplingOptions, job_shape, option
 
 INITS = ("random", "horizontal", "vertical", "sample", "temporal")
 FRESH_Q = ("proposal", "onehot")
@@ -47,8 +47,9 @@ class SpeculativeOptions(SamplingOptions):
                                "(cost-aware): chosen every pass from the measured cost of each width and the "
                                "observed acceptance, 1 = a plain AR step")
     max_window: int = option(8, "window=auto: the widest pass it may choose")
-    costs: str = option("", "window=auto: relative pass costs per width, e.g. '1:1,2:1.3,4:1.8' (empty: measured "
-                        "once per model, device and settings, cached on disk)")
+    costs: str = option("", "window=auto: one sample's relative pass costs per width, e.g. '1:1,2:1.3,4:1.8' "
+                        "(widths then never depend on the batch size); empty: measured once per model, device, "
+                        "settings and the job's batch size, cached on disk")
     init: str = option("random", "drafts for new positions: random (uniform), horizontal (copy the left token), "
                        "vertical (copy the token above; left in the first row), sample (draw from the target), "
                        "temporal (video: copy the token at the same place in the previous frame; vertical in the "
@@ -91,9 +92,15 @@ def expected_tokens(alpha: float, width: int, left: int) -> float:
     return float(w) if alpha >= 1 else (1 - alpha ** w) / (1 - alpha)
 
 
-def best_width(costs: dict[int, float], alpha: float, left: int) -> int:
-    """The width with the most expected tokens per unit of pass cost."""
-    return max(sorted(costs), key=lambda w: expected_tokens(alpha, w, left) / costs[w])
+def best_width(costs: dict[int, float], alpha: float, left: int, batch: int = 1) -> int:
+    """The width with the most expected tokens per unit of one sample's cost. ``costs`` are those of a pass of
+    ``batch`` samples; a pass is as wide as its widest sample, so a sample that widens alone pays the whole extra
+    cost: its cost at width w is its share of a plain pass plus that extra, costs[1] / batch + costs[w] - costs[1]
+    (at batch 1, the pass's cost). The rule never looks at the other samples: a sample's widths, and so its
+    tokens, do not depend on which samples share its batch."""
+    def own(w: int) -> float:
+        return costs[1] / batch + costs[w] - costs[1]
+    return max(sorted(costs), key=lambda w: expected_tokens(alpha, w, left) / own(w))
 
 
 def _copy_source(last: torch.Tensor, off: torch.Tensor, stride: int) -> torch.Tensor:
@@ -208,8 +215,8 @@ class WidthPolicy:
     exact speculative step and the sampler stays exact. One policy per sample, fed by that sample's passes only."""
     PRIOR, WEIGHT, DECAY = 0.4, 2.0, 0.9
 
-    def __init__(self, costs: dict[int, float]):
-        self.costs, self.accepted, self.checked = costs, 0.0, 0.0
+    def __init__(self, costs: dict[int, float], batch: int = 1):
+        self.costs, self.batch, self.accepted, self.checked = costs, batch, 0.0, 0.0
 
     @property
     def alpha(self) -> float:
@@ -220,15 +227,17 @@ class WidthPolicy:
         self.checked = self.DECAY * self.checked + checked
 
     def width(self, left: int) -> int:
-        return best_width(self.costs, self.alpha, left)
+        return best_width(self.costs, self.alpha, left, self.batch)
 
 
-def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, repeats: int = 7) -> dict[int, float]:
-    """Seconds per pass of ``step`` at each width for one sample, for this model (architecture, dtype, device),
-    thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a warm-up
-    call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. One sample's costs serve every
-    batch size, so a sample's widths (and tokens) never depend on its batch."""
-    S = 1
+def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, batch: int = 1,
+               repeats: int = 7) -> dict[int, float]:
+    """Seconds per pass of ``step`` at each width for ``batch`` samples, for this model (architecture, dtype,
+    device), thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a
+    warm-up call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. A wide pass costs more
+    against AR's step at batch 8 than at batch 1 (more rows, less per-op overhead to hide them), so the batch is
+    the job's (:func:`job_shape`): every call and rank of one job uses one table and draws the same widths."""
+    S = batch
     import hashlib
     import json
 
@@ -363,9 +372,11 @@ class SpeculativeSampler(Sampler):
 
         costs = None
         if adaptive:
+            samples, job_batch = job_shape(N, batch_size)  # the job's batch: one table for all its calls
+            cost_batch = 1 if o.costs else min(samples, job_batch)  # given costs: one sample's (batch-invariant)
             costs = parse_costs(o.costs) if o.costs else pass_costs(
-                model, step, kw, [w for w in WIDTHS if w <= Wmax], key=(self.name, o.compile, o.top_k > 0,
-                                                                        o.top_p < 1, o.init, o.fresh_q))
+                model, step, kw, [w for w in WIDTHS if w <= Wmax], batch=cost_batch,
+                key=(self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q))
             costs = {w: c for w, c in costs.items() if w <= Wmax}
         policies = [None] * S  # window=auto: each slot's own width policy (from its own sample's passes only)
         widths = [Wmax] * S
@@ -407,7 +418,7 @@ class SpeculativeSampler(Sampler):
                 for b in range(S):
                     if owner[b] >= 0:
                         if policies[b] is None:  # a new sample in this slot
-                            policies[b] = WidthPolicy(costs)
+                            policies[b] = WidthPolicy(costs, cost_batch)
                         widths[b] = policies[b].width(L - n_host[b])
                 before = list(n_host)
             act = [widths[b] for b in range(S) if owner[b] >= 0 and n_host[b] < L]
