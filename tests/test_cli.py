@@ -133,6 +133,8 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     assert "| ms/token |" in r.stdout and "fewer passes" in r.stdout and "FID-photo" in r.stdout
     assert (out / "bench.png").stat().st_size > 1000
     assert sjd["fid_samples"] == 6 and sjd["fid_photo"] > 0 and sjd["fid_photo_vs_ar"] > 0
+    # lantern's window=auto draws per batch size (its cost table is the job's): scored at each
+    assert all(row["fid_photo"] > 0 for row in rep["rows"] if row["sampler"] == "lantern")
     # peak RSS per cell: what the process held while the cell ran, checked against the kernel's counts (16 MiB
     # slack for lazily synced RSS counters). Above: no cell over the process-wide peak reported after the cells
     # ran, and that one no higher than the whole command's peak at exit. Below: every cell at least what a bare

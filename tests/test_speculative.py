@@ -232,7 +232,7 @@ def test_pipeline_passes_the_codebook_and_returns_step_maps(tiny_pipeline):
 
 @pytest.mark.slow
 def test_cli_runs_speculative_samplers(tiny_pipeline, tmp_path):
-    for name, extra in [("sjd", ["sampler.init=vertical", "sampler.window=5"]), ("lantern", ["sampler.delta=0.2"])]:
+    for name, extra in [("sjd", ["sampler.init=vertical", "sampler.window=5"]), ("lantern", ["sampler.delta=0.2", "sampler.window=4"])]:
         out = tmp_path / name
         r = subprocess.run([sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", f"sampler={name}",
                             *extra, "num_samples=3", f"outdir={out}", "progress=false"],
@@ -268,6 +268,11 @@ def test_cost_aware_width_choice():
     assert best_width(costs, 0.4, 256) == 2      # 1.4 / 1.3 beats 1 / 1 and 1.62 / 1.8
     assert best_width(costs, 0.9, 256) == 4
     assert best_width(costs, 0.9, 1) == 1        # one token left: no draft can help
+    # at batch 8 a sample that widens alone pays the pass's whole extra cost: 1/8 + 0.3 for width 2
+    assert best_width(costs, 0.9, 256, batch=8) == 1 and best_width(costs, 0.9, 256, batch=2) == 4
+    from vgen.samplers.speculative import can_pay
+    assert can_pay(costs) and not can_pay(costs, batch=8)   # 2 / 0.425 < 1 / 0.125: never, whatever passes
+    assert not can_pay({1: 1.0, 2: 2.5, 4: 5.0})            # even at batch 1 when a draft costs more than a step
 
 
 @pytest.mark.parametrize("init", ["vertical", pytest.param("random", marks=pytest.mark.slow),
@@ -287,6 +292,9 @@ def test_adaptive_window_falls_back_to_ar_and_is_reproducible(tiny_gpt):
     kw = dict(cfg_scale=2.0, top_k=10, init="vertical")
     t, st = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:50,4:90", **kw)
     assert st["mean_window"] == 1 and st["forward_passes"] == 16 and st["acceptance_rate"] == 0
+    # no width can pay even if every draft passed: AR's own loop runs, AR's bytes
+    ar, _ = sample(tiny_gpt, [0, 1, 2], "ar", seed=1, cfg_scale=2.0, top_k=10)
+    assert torch.equal(t, ar)
     a, sa = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:1.1,4:1.2", **kw)
     b, _ = sample(tiny_gpt, [0, 1, 2], "sjd", seed=1, costs="1:1,2:1.1,4:1.2", **kw)
     assert torch.equal(a, b) and sa["mean_window"] > 2 and sa["forward_passes"] < 16 * 3

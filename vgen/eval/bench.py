@@ -217,7 +217,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                "tokens_per_s": r0["tokens"] / sec, "images_per_s": cfg.num_samples / sec,
                "forward_passes": r0["forward_passes"], "accepted_per_step": r0.get("accepted_per_step", 1.0),
                "kv_cache_bytes": r0.get("kv_cache_bytes", 0), "all_seconds": [r["seconds"] for r in runs],
-               **measured["mem"][(m, v, b)], **quality.get((m, v), {})}
+               **measured["mem"][(m, v, b)], **quality.get((m, v), {}), **quality.get((m, v, b), {})}
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
                   "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
                   "draft_seconds", "verify_seconds"):
@@ -282,13 +282,24 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                         r[f"{k}_vs_ar"] = r[k] / base[k]
 
 
-def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int) -> torch.Tensor:
-    """The images of ``n`` samples of a setting (labels i % classes, seeds seed + i): not timed. Samples do not
-    depend on the batch size, so one set serves every batch size."""
+def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int, job_batch: int | None = None
+                    ) -> torch.Tensor:
+    """The images of ``n`` samples of a setting (labels i % classes, seeds seed + i): not timed, drawn at the
+    largest batch size. Samples do not depend on how they are batched; a setting whose choices depend on the job's
+    batch size (``window=auto``) draws them as a job of ``job_batch`` would."""
+    from vgen.samplers.base import sampling_job
     pipe = pipes[model]
     name, o = p.sampler_options(setting, model)
-    return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
-                         batch_size=max(p.cfg.batch_sizes), **o).pixels
+    with sampling_job(n, job_batch or max(p.cfg.batch_sizes)):
+        return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
+                             batch_size=max(p.cfg.batch_sizes), **o).pixels
+
+
+def _batch_dependent(p: Plan, model: str, setting: str) -> bool:
+    """Whether a setting's samples depend on the job's batch size (window=auto's cost table does)."""
+    from vgen.pipeline import resolve_sampler
+    name, o = p.sampler_options(setting, model)
+    return getattr(resolve_sampler(p.cards[model], name, **o).options, "window", None) == "auto"
 
 
 def _quality(p: Plan, pipes: dict) -> dict:
@@ -300,15 +311,18 @@ def _quality(p: Plan, pipes: dict) -> dict:
     out = {}
     todo = [(m, v) for m in pipes for v in p.settings if v != BASELINE and p.fits(m, v)
             and len(pipes[m].model.token_shape) != 3]
+    # per batch size where the samples depend on it (window=auto), else one set for every batch size
+    todo = [(m, v, b) for m, v in todo for b in (p.cfg.batch_sizes if _batch_dependent(p, m, v) else [None])]
     done = {}  # settings that differ only in compile draw the same images (up to rounding): scored once
-    for m, v in tqdm(todo, desc="FID-photo", unit="setting"):
+    for m, v, b in tqdm(todo, desc="FID-photo", unit="setting"):
         name, o = p.sampler_options(v, m)
-        same = (m, name, tuple(sorted((k, str(x)) for k, x in o.items() if k != "compile")))
+        same = (m, name, b, tuple(sorted((k, str(x)) for k, x in o.items() if k != "compile")))
         if same not in done:
-            r = ev.fid(generate_images(p, pipes, m, v, n), p.cfg.fid_reference, isc=False,
+            r = ev.fid(generate_images(p, pipes, m, v, n, b), p.cfg.fid_reference, isc=False,
                        kid_subset_size=min(n, 100))
             done[same] = {"fid_photo": r["fid"], "kid_photo": r["kid_mean"], "fid_samples": n}
-        out[(m, v)] = done[same]
+        for bb in ([b] if b is not None else p.cfg.batch_sizes):
+            out[(m, v, bb)] = done[same]
     return out
 
 

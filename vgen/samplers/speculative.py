@@ -207,6 +207,12 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
 WIDTHS = (1, 2, 4, 8, 16)
 
 
+def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
+    """Whether any width beats a plain step when every draft is accepted (W tokens for a sample's own cost of a
+    width-W pass, :func:`best_width`'s rule): if none does, no acceptance ever makes speculation pay."""
+    return best_width(costs, 1.0, max(costs) + 1, batch) > 1
+
+
 class WidthPolicy:
     """Cost-aware window: before each pass, the width with the most expected tokens per unit of cost, from the
     pass costs and a running estimate of the per-draft acceptance (decayed sums of accepted and checked drafts
@@ -293,6 +299,18 @@ class SpeculativeSampler(Sampler):
     def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
         return (), {}
 
+    def _plain_ar(self, model, cond, seeds, progress, batch_size, prefix):
+        """window=auto where speculation cannot pay: the plain AR sampler with these sampling options (the same
+        distribution, exactly; for gsd / lantern, AR's instead of their relaxed one), at AR's speed."""
+        import dataclasses
+
+        from vgen.samplers.base import get_sampler
+        o = self.options
+        plain = {f.name: getattr(o, f.name) for f in dataclasses.fields(SamplingOptions)}
+        tokens, stats = get_sampler("ar", model=model, **plain)(model, cond, seeds, progress, batch_size=batch_size,
+                                                                 prefix=prefix)
+        return tokens, {**stats, "acceptance_rate": 0.0, "mean_window": 1.0}
+
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None):
         """Continuous batching: ``batch_size`` slots; when a sample finishes, the next one is prefilled into its
         slot, so a long job never waits for the slowest sample of a batch (only the last ones do)."""
@@ -378,6 +396,8 @@ class SpeculativeSampler(Sampler):
                 model, step, kw, [w for w in WIDTHS if w <= Wmax], batch=cost_batch,
                 key=(self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q))
             costs = {w: c for w, c in costs.items() if w <= Wmax}
+            if not can_pay(costs, cost_batch):  # no width pays even if every draft passes: AR's own loop
+                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
         policies = [None] * S  # window=auto: each slot's own width policy (from its own sample's passes only)
         widths = [Wmax] * S
         fill(list(range(S)))
