@@ -211,3 +211,37 @@ def test_demo_port_in_use(capsys):
         port = s.getsockname()[1]
         code, err = cli(["demo", "server_name=127.0.0.1", f"server_port={port}"], capsys)
     assert code == 2 and f"cannot serve on 127.0.0.1:{port}" in one_line(err) and "server_port=" in err
+
+
+@pytest.mark.slow
+def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path):
+    """The same rules across a real process boundary: a Hydra type error and an unwritable outdir exit 2 with one
+    line; SIGINT (Ctrl-C) mid-run exits 130 with one line, keeps finished samples, and the same command resumes."""
+    import signal
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    base = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "progress=false"]
+    work = tmp_path / "work"
+    work.mkdir()
+    for bad, msg in ((["num_samples=abc"], "num_samples takes a whole number"),
+                     (["outdir=/proc/vgen-x"], "cannot be written")):
+        r = subprocess.run(base + bad, cwd=work, capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2 and msg in one_line(r.stderr.strip()), r.stderr
+    assert list(work.iterdir()) == []
+    out = work / "run"
+    cmd = base + ["num_samples=400", "batch_size=1", f"outdir={out}"]
+    p = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    t0 = time.time()
+    while not (out / "000001.png").exists() and time.time() - t0 < 120 and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert one_line(err.strip()).endswith("interrupted (finished samples are kept: run the same command again to resume)")
+    kept = sorted(x.name for x in out.glob("0*.png"))
+    assert 2 <= len(kept) < 400 and not (out / ".vgen.lock").exists() and not list(out.glob(".*.tmp"))
+    n = len(kept) + 2  # resume (a shorter job of the same run): only the missing samples are drawn
+    r = subprocess.run(base + [f"num_samples={n}", "batch_size=1", f"outdir={out}"], cwd=work,
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "stats.json").read_text())["generated_now"] <= 3  # a sample cut off mid-write, at most
+    assert all((out / f"{i:06d}.png").exists() for i in range(n))
