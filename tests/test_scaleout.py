@@ -56,6 +56,21 @@ def test_torchrun_two_processes_write_the_bytes_of_one(single, tmp_path):
     assert any(p.endswith("-r0.json") for p in parts) and any(p.endswith("-r1.json") for p in parts)
 
 
+def _ppid(stat: Path) -> int:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan nobody has reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.mark.slow
 def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_path):
     out = tmp_path / "out"
@@ -68,9 +83,18 @@ def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_pa
             if p.poll() is not None or time.time() - t0 > 300:
                 break
             time.sleep(0.05)
-    finally:
+    finally:  # torchrun's workers run in sessions of their own: kill them as well, and wait until they are gone
+        kids = [int(st.parent.name) for st in Path("/proc").glob("[0-9]*/stat") if _ppid(st) == p.pid]
         os.killpg(p.pid, signal.SIGKILL)
+        for k in kids:
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         p.wait()
+        t0 = time.time()
+        while any(_running(k) for k in kids) and time.time() - t0 < 60:
+            time.sleep(0.05)
     done = len(pngs(out))
     assert 3 <= done < 12, f"the kill should land midway, found {done} images"
     assert not (out / "stats.json").exists()

@@ -187,7 +187,11 @@ class FolderLock:
             return False
         except PermissionError:
             return True
-        return True
+        try:  # a killed process nobody has reaped yet (a zombie) still answers kill(pid, 0)
+            stat = Path(f"/proc/{info['pid']}/stat").read_text()
+            return stat[stat.rindex(")") + 2] != "Z"
+        except (OSError, ValueError, IndexError):
+            return True
 
     def __enter__(self):
         import os
