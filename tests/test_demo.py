@@ -46,6 +46,20 @@ def test_race_runs_ar_as_baseline_and_reports_speed(demo):
     assert sjd["step_map"].shape == (256,) and int(sjd["step_map"].max()) < sjd["forward_passes"]
 
 
+@needs_zoo("photos-gpt")
+def test_race_includes_scd_whose_image_is_ar_gumbel(demo):
+    from vgen.demo import RACED
+    assert "scd" in RACED
+    res = demo.race("photos-gpt", None, "3: cat", 5, ["scd"], {"window": 8, "init": "vertical", "top_k": 50,
+                                                               "coupling": "gumbel"})
+    assert [r["sampler"] for r in res] == ["ar", "scd"]
+    scd = res[1]
+    assert scd["forward_passes"] < 256 and scd["options"]["coupling"] == "gumbel"
+    from vgen import load_pipeline
+    ref = load_pipeline("photos-gpt").generate([3], sampler="ar", seed=5, top_k=50, draw="gumbel")
+    assert torch.equal(scd["image"], ref.images[0])  # coupled drafts: AR's Gumbel-drawn image
+
+
 def test_heatmap_shows_the_decode_step(demo):
     from vgen.demo import step_heatmap
     m = step_heatmap(torch.arange(16), (4, 4), size=64)
@@ -149,7 +163,7 @@ def test_browser_renders_the_controls(server, tmp_path):
     subprocess.run(flags + [f"--screenshot={shot}", server], capture_output=True, timeout=180)
     dom = subprocess.run(flags + ["--dump-dom", server], capture_output=True, text=True, timeout=180).stdout
     assert shot.exists() and shot.stat().st_size > 10_000
-    for text in ("Generate", "samplers", "model", "class", "seed", "sjd", "lantern"):
+    for text in ("Generate", "samplers", "model", "class", "seed", "sjd", "lantern", "scd", "coupling"):
         assert text in dom, f"{text!r} not rendered"
     from PIL import Image
     img = np.asarray(Image.open(shot).convert("L"))

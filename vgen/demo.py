@@ -28,6 +28,7 @@ from vgen.errors import VGenError
 
 LOCAL = "local folder..."
 HIDDEN_WIDGETS = ("compile", "kv_calibration")  # set by the card / the CLI, not in a browser
+RACED = ("ar", "sjd", "scd")  # ticked when a model is chosen (those that fit it): SJD and its coupled drafts vs AR
 
 
 class Demo:
@@ -244,7 +245,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
             n, fits = demo.class_names(name), fitting(name)
         except VGenError:
             n, fits = (names if model != LOCAL else []), samplers
-        value = [x for x in ("ar", "sjd") if x in fits] or fits[:1]
+        value = [x for x in RACED if x in fits] or fits[:1]
         return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None), \
             gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value)
 
@@ -278,7 +279,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                                     placeholder="a folder with pipeline.json inside the served directories")
                 cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}", label="class")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
-                chosen = gr.CheckboxGroup(default_fits, value=[x for x in ("ar", "sjd") if x in default_fits]
+                chosen = gr.CheckboxGroup(default_fits, value=[x for x in RACED if x in default_fits]
                                           or default_fits[:1],
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
                 with gr.Accordion("options (blank: the model card's value)", open=False):

@@ -245,12 +245,6 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
     return rep
 
 
-def run_bench(cfg) -> dict:
-    p = plan(cfg)
-    measured, quality = run(p)
-    return report(p, measured, quality)
-
-
 def _ratios(rows: list[dict], p: Plan) -> None:
     """Ratios within the run: against the fidelity reference setting, the official loop and AR (of the same
     model, or of the model the card compares it to: photos-nar against photos-gpt)."""

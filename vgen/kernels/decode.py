@@ -10,14 +10,17 @@ from pathlib import Path
 import torch
 
 from vgen.io import cache_dir as vgen_cache
+from vgen.kernels.gumbel import gumbel_draw
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
 def token_step(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg, cfg_scale: float,
-               temperature: float, top_k: int, top_p: float):
+               temperature: float, top_k: int, top_p: float, gkey: torch.Tensor | None = None):
     """Logits (B or 2B, ..., V) with uniforms u (B, ...) -> (tokens (B, ...), log-prob of each under the target):
     one position per sample (AR) or several at once (NAR's anti-diagonal). ``apply_cfg``: a bool for every
-    position, or a bool tensor over the positions (guidance per token, as ``cfg_interval`` decides)."""
+    position, or a bool tensor over the positions (guidance per token, as ``cfg_interval`` decides). With Gumbel
+    position keys ``gkey`` (B, ...) the draw is Gumbel-max with those positions' counter-based noise instead of
+    inverse-CDF from ``u`` (:mod:`vgen.kernels.gumbel`)."""
     if cfg:
         cond = logits[: logits.shape[0] // 2]
         if isinstance(apply_cfg, torch.Tensor):
@@ -25,16 +28,18 @@ def token_step(logits: torch.Tensor, u: torch.Tensor, cfg: bool, apply_cfg, cfg_
         else:
             logits = guide(logits, cfg_scale) if apply_cfg else cond
     probs = filter_probs(logits, temperature, top_k, top_p)
-    tok = sample_from_probs(probs, u)
+    tok = sample_from_probs(probs, u) if gkey is None else gumbel_draw(probs, gkey)
     return tok, probs.gather(-1, tok[..., None]).squeeze(-1).clamp_min(1e-30).log()
 
 
 def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.Tensor, cfg: bool,
-                   apply_cfg: bool, cfg_scale: float, temperature: float, top_k: int, top_p: float):
-    """Feed tokens (B, 1) at position ``pos`` (1,), draw the next token with uniforms ``u`` (B,)."""
+                   apply_cfg: bool, cfg_scale: float, temperature: float, top_k: int, top_p: float,
+                   gkey: torch.Tensor | None = None):
+    """Feed tokens (B, 1) at position ``pos`` (1,), draw the next token with uniforms ``u`` (B,) (or Gumbel-max
+    with the drawn position's keys ``gkey`` (B,), see :func:`token_step`)."""
     x = torch.cat([tok, tok]) if cfg else tok
     logits = model.decode(x, pos, cache)[:, -1]
-    return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
+    return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p, gkey)
 
 
 # Inductor options for the decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++

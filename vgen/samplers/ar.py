@@ -1,21 +1,36 @@
 """Plain autoregressive sampling: one token per forward pass, static KV cache, CFG, temperature,
-top-k / top-p. The reference every accelerated sampler is compared against."""
+top-k / top-p. The reference every accelerated sampler is compared against.
+
+``draw`` picks how a token is drawn from the target: ``inverse-cdf`` (the default: one uniform per token from the
+sample's seed) or ``gumbel`` (Gumbel-max with noise fixed per (seed, position, token): :mod:`vgen.kernels.gumbel`).
+Both are exact draws from the same distribution; ``gumbel`` gives the tokens SCD's Gumbel coupling reproduces."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
 
 from vgen.kernels.decode import ar_decode_step, compiled, token_step
+from vgen.kernels.gumbel import gumbel_keys
 from vgen.kernels.sampling import per_sample_uniforms
-from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
+from vgen.samplers.base import Sampler, SamplingOptions, option, register_sampler
+
+DRAWS = ("inverse-cdf", "gumbel")
+
+
+@dataclass
+class AROptions(SamplingOptions):
+    draw: str = option("inverse-cdf", "how each token is drawn: inverse-cdf (a uniform per token) or gumbel "
+                       "(Gumbel-max, noise fixed per seed, position and token: the tokens scd reproduces)",
+                       choices=DRAWS)
 
 
 @register_sampler
 class ARSampler(Sampler):
     name = "ar"
-    Options = SamplingOptions
+    Options = AROptions
     plain = True
     prefix = True
 
@@ -31,6 +46,8 @@ class ARSampler(Sampler):
         positions = [torch.tensor([model.cond_len + t], device=dev) for t in range(L)]
         step = compiled(ar_decode_step) if o.compile else ar_decode_step
         kw = dict(cfg=cfg, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+        # draw=gumbel: the draw at token t uses the noise of (seed, t), from its position keys (B,) per step
+        gk = [c.clone() for c in gumbel_keys(seeds, L, dev).t()] if o.draw == "gumbel" else [None] * L
 
         tokens = torch.empty((B, L), dtype=torch.long, device=dev)
         logp = torch.empty((B, L), dtype=torch.float32, device=dev)
@@ -46,12 +63,14 @@ class ARSampler(Sampler):
             cache.limit(model.cond_len + P if o.prefix_attention else None)
             x = torch.cat([prefix, prefix]) if cfg else prefix
             logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + P, device=dev), cache)[:, -1]
-        tok, lp = token_step(logits, us[P], apply_cfg=o.cfg_interval < 0 or P <= o.cfg_interval + 1, **kw)
+        tok, lp = token_step(logits, us[P], apply_cfg=o.cfg_interval < 0 or P <= o.cfg_interval + 1, gkey=gk[P],
+                             **kw)
         tokens[:, P], logp[:, P] = tok, lp
         for t in tqdm(range(P + 1, L), disable=not progress, desc="ar", leave=False):
             apply_cfg = o.cfg_interval < 0 or t <= o.cfg_interval + 1
             cache.limit(visible[t])
-            tok, lp = step(model, cache, tok[:, None], positions[t - 1], us[t], apply_cfg=apply_cfg, **kw)
+            tok, lp = step(model, cache, tok[:, None], positions[t - 1], us[t], apply_cfg=apply_cfg, gkey=gk[t],
+                           **kw)
             tokens[:, t], logp[:, t] = tok, lp
         nll = float(-logp[:, P:].mean())
         step_map = (torch.arange(L, device=dev) - P + int(P > 0)).clamp_min(0)

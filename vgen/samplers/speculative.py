@@ -1,4 +1,5 @@
-"""The speculative core shared by SJD, GSD and LANTERN: Jacobi-window decoding with a pluggable acceptance rule.
+"""The speculative core shared by SJD, GSD, LANTERN and SCD: Jacobi-window decoding with a pluggable acceptance
+rule and draft coupling.
 
 Each forward pass feeds, for every sample, its last accepted token and ``window - 1`` draft tokens at that
 sample's own positions (ragged batches: no sample waits for another). From the target distribution p at each
@@ -17,6 +18,9 @@ target's top-k/top-p support is never emitted) and past the end of the image.
 * GSD: sums of p and q over a group of similar tokens: not lossless, drift reported.
 * LANTERN: p(x) plus nearby-token mass in the numerator, bounded so the per-token total-variation drift is
   at most ``delta``.
+
+``coupling`` says how the Jacobi drafts after a rejection are redrawn (independent draws, maximal coupling to the
+old drafts, or Gumbel-max with noise fixed per position); :mod:`vgen.samplers.scd` explains the two couplings.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from tqdm.auto import tqdm
 
 from vgen.errors import VGenError
 from vgen.kernels.decode import compiled
+from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
 from vgen.kernels.verify import correction, gather_rows, leading_accepts, window_target
 from vgen.interfaces import ModelSpec
@@ -36,6 +41,7 @@ from vgen.samplers.base import Sampler, SamplingOptions, job_shape, option
 
 INITS = ("random", "horizontal", "vertical", "sample", "temporal")
 FRESH_Q = ("proposal", "onehot")
+COUPLINGS = ("independent", "maximal", "gumbel")
 
 
 @dataclass
@@ -56,6 +62,11 @@ class SpeculativeOptions(SamplingOptions):
                        "first frame)", choices=INITS)
     fresh_q: str = option("proposal", "draft distribution used to verify new drafts: proposal | onehot",
                           choices=FRESH_Q)
+    coupling: str = option("independent", "how drafts after a rejection are redrawn: independent (a fresh draw "
+                           "from the target), maximal (each old draft kept where the target still allows it, SCD-MC) "
+                           "or gumbel (scd only: every draw at a position shares that position's Gumbel noise)",
+                           choices=COUPLINGS)
+    couplings = ("independent", "maximal")  # class attribute (not a field): the couplings this sampler's rule takes
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
@@ -68,6 +79,10 @@ class SpeculativeOptions(SamplingOptions):
             raise VGenError(f"max_window must be >= 2, got {self.max_window}")
         if self.costs:
             parse_costs(self.costs)
+        if self.coupling not in self.couplings:
+            raise VGenError(f"coupling={self.coupling} does not fit this sampler (it takes "
+                            f"{' or '.join(self.couplings)}): Gumbel coupling accepts a draft only when it equals the "
+                            "target's own draw, which is sampler=scd")
         if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
             raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images "
                             f"(token grid {spec.token_shape}): use init=vertical")
@@ -111,8 +126,9 @@ def _copy_source(last: torch.Tensor, off: torch.Tensor, stride: int) -> torch.Te
 
 
 def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor, u: torch.Tensor, *, init: str,
-                 fresh_q: str, grid: tuple[int, ...]):
-    """Drafts for the D = u.shape[1] positions after ``last`` (B,), and their draft distributions (B, D, V).
+                 fresh_q: str, grid: tuple[int, ...], with_q: bool = True):
+    """Drafts for the D = u.shape[1] positions after ``last`` (B,), and their draft distributions (B, D, V)
+    (None with ``with_q=False``: a rule that checks drafts by equality needs none).
 
     ``tokens`` holds the current token (accepted or draft) at every position up to ``last``; ``p_last`` (B, V) is
     the target distribution at ``last``; ``grid`` is the model's token grid ((h, w) or (t, h, w))."""
@@ -139,16 +155,23 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
                 back = _copy_source(last, off, grid[-1] * grid[-2] if len(grid) > 2 else grid[-1])
                 src = torch.where(back >= 0, back, src)
         f = tokens.gather(1, src)
-    return f, F.one_hot(f, V).to(p_last.dtype)
+    return f, F.one_hot(f, V).to(p_last.dtype) if with_q else None
 
 
 def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
               grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float,
-              init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict):
+              init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict, coupling: str = "independent",
+              gkeys: torch.Tensor | None = None):
     """One forward pass of width W + vectorised verification for every sample. State (per sample b):
     tokens[b, :n[b]] accepted, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b] (D, V), D >= W - 1 (the
     widest window's). Sample b uses its own width wv[b] <= W: it checks its first wv[b] - 1 drafts and drafts anew
-    after them, exactly as a pass of width wv[b] would (the wider positions are computed and ignored). u: (B, 3D+2)."""
+    after them, exactly as a pass of width wv[b] would (the wider positions are computed and ignored). u: (B, 3D+2).
+
+    ``coupling`` is how the drafts after the first rejection are redrawn (:mod:`vgen.samplers.scd`): independent
+    (a fresh draw from p), maximal (the old draft kept with probability min(1, p(x) / q(x)), else a draw from
+    norm(max(0, p - q))) or gumbel (every draw at a position is Gumbel-max with that position's fixed noise; a
+    draft passes when it equals the target's own draw, and ``rule`` is not
+    used). ``gkeys`` (B, buffer length): every position's Gumbel key, per sample (:func:`gumbel_keys`)."""
     ar = torch.arange(W, device=n.device)
     idx = n[:, None] - 1 + ar  # the last accepted token, then the drafts
     inp = tokens.gather(1, idx)
@@ -162,23 +185,33 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
     didx = n[:, None] + ar[:-1]
     x = tokens.gather(1, didx)
     mine = ar[:-1] < (wv - 1)[:, None]  # the drafts each sample checks
-    q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
-    if W > 1:
-        pd = p[:, :-1]
-        px = pd.gather(-1, x[..., None]).squeeze(-1)
-        qx = q.gather(-1, x[..., None]).squeeze(-1)
-        a = rule(pd, q, x, px, qx, *rule_args, **rule_kw)
-        a = torch.where((px > 0) & (didx < L) & mine, a, torch.zeros_like(a))
-        k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
-    else:  # a plain AR step: no drafts to check
-        k = torch.zeros_like(n)
-    tok_k = correction(p, q, k, ur[:, 0])
-    kk = k[:, None]
-    if W > 1:
-        y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
-        cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+    gumbel = coupling == "gumbel"
+    if gumbel:  # the target's own draw at every position; drafts pass while they equal it
+        t = gumbel_draw(p, gkeys.gather(1, n[:, None] + ar))
+        k = (((x == t[:, :-1]) & (didx < L) & mine).long().cumprod(1).sum(1) if W > 1 else torch.zeros_like(n))
+        cand = t  # accepted drafts (equal to t), t at the first mismatch, then the coupled Jacobi drafts
     else:
-        cand = tok_k[:, None]
+        q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
+        if W > 1:
+            pd = p[:, :-1]
+            px = pd.gather(-1, x[..., None]).squeeze(-1)
+            qx = q.gather(-1, x[..., None]).squeeze(-1)
+            a = rule(pd, q, x, px, qx, *rule_args, **rule_kw)
+            a = torch.where((px > 0) & (didx < L) & mine, a, torch.zeros_like(a))
+            k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
+        else:  # a plain AR step: no drafts to check
+            k = torch.zeros_like(n)
+        tok_k = correction(p, q, k, ur[:, 0])
+        kk = k[:, None]
+        if W > 1:
+            y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
+            if coupling == "maximal":  # keep each old draft where p still allows it (ua past k is unused above)
+                y = torch.cat([maximal_coupling(p[:, :-1], qwin[:, :W - 1], x, ua[:, :W - 1], uj[:, :W - 1]),
+                               y[:, -1:]], 1)
+            cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+        else:
+            cand = tok_k[:, None]
+    kk = k[:, None]
     lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
 
     widx = n[:, None] + ar
@@ -187,11 +220,15 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
     smap = smap.scatter(1, widx, it.expand_as(widx))
     last = n + wv - 1  # each sample's window end: new drafts after it (over what the wider pass wrote)
     p_last = p.gather(1, (wv - 1)[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)
-    f, fq = fresh_drafts(tokens, last, p_last, uf, init=init, fresh_q=fresh_q, grid=grid)
     dr = torch.arange(D, device=n.device)
+    if gumbel and init == "sample":  # drafts drawn with their own positions' noise from the last distribution
+        f = gumbel_draw(p_last[:, None].expand(-1, D, -1), gkeys.gather(1, last[:, None] + 1 + dr))
+    else:
+        f, fq = fresh_drafts(tokens, last, p_last, uf, init=init, fresh_q=fresh_q, grid=grid, with_q=not gumbel)
     tokens = tokens.scatter(1, last[:, None] + 1 + dr, f)
-    j = kk + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then the new ones
-    qwin = gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
+    if not gumbel:  # Gumbel drafts are checked by equality: no draft distributions to keep
+        j = kk + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then the new ones
+        qwin = gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
 
     active = n < L
     left = L - n
@@ -200,6 +237,19 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
     accepted = torch.where(active, torch.minimum(k, left), 0)
     counts = counts + torch.stack([active.long(), checked, accepted], 1)
     return tokens, n + emitted, qwin, logp, smap, counts
+
+
+def maximal_coupling(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_keep: torch.Tensor,
+                     u_draw: torch.Tensor) -> torch.Tensor:
+    """Redraw drafts x ~ q as draws from p, coupled to x: keep x with probability min(1, p(x) / q(x)), otherwise
+    draw from norm(max(0, p - q)). The result has law p exactly (a maximal coupling of q and p), and keeps x as
+    often as any coupling can. p, q (B, M, V); x, u_keep, u_draw (B, M)."""
+    px = p.gather(-1, x[..., None]).squeeze(-1)
+    qx = q.gather(-1, x[..., None]).squeeze(-1)
+    keep = u_keep < (px / qx.clamp_min(1e-30)).clamp_max(1.0)
+    r = (p - q).clamp_min(0)
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, p)  # p == q to rounding: x is kept anyway
+    return torch.where(keep, x, sample_from_probs(r, u_draw))
 
 
 # The widths window=auto measures and chooses from: each is one compiled graph per attention-length bucket, so few
@@ -271,6 +321,8 @@ def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, batch: int 
              torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev),
              torch.zeros((S, 3), dtype=torch.long, device=dev))
     u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
+    if kw.get("gkeys") is not None:  # Gumbel coupling: keys for this measurement's own batch
+        kw = {**kw, "gkeys": gumbel_keys(range(S), L + 2 * D + 2, dev)}
     it = torch.tensor(1, device=dev)
     seen = model.cond_len + L // 2 + max(widths)
     times = {w: [] for w in widths}
@@ -307,6 +359,8 @@ class SpeculativeSampler(Sampler):
         from vgen.samplers.base import get_sampler
         o = self.options
         plain = {f.name: getattr(o, f.name) for f in dataclasses.fields(SamplingOptions)}
+        if o.coupling == "gumbel":  # AR's Gumbel draw: the tokens the coupled sampler would give
+            plain["draw"] = "gumbel"
         tokens, stats = get_sampler("ar", model=model, **plain)(model, cond, seeds, progress, batch_size=batch_size,
                                                                  prefix=prefix)
         return tokens, {**stats, "acceptance_rate": 0.0, "mean_window": 1.0}
@@ -324,11 +378,24 @@ class SpeculativeSampler(Sampler):
         grid = tuple(model.token_shape)
         rule_args, rule_kw = self.rule_inputs(model, codebook)
         cfg = o.guided
-        cache = model.new_cache(2 * S if cfg else S)
         kw = dict(L=L, D=D, grid=grid, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
-                  rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw)
+                  rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw, coupling=o.coupling)
+        gumbel = o.coupling == "gumbel"
+        if gumbel:  # each slot's sample's position keys (refilled with the slot)
+            kw["gkeys"] = torch.zeros((S, L + 2 * Wmax), dtype=torch.long, device=dev)
         step = compiled(spec_step) if o.compile else spec_step
+        costs = None
+        if adaptive:
+            samples, job_batch = job_shape(N, batch_size)  # the job's batch: one table for all its calls
+            cost_batch = 1 if o.costs else min(samples, job_batch)  # given costs: one sample's (batch-invariant)
+            costs = parse_costs(o.costs) if o.costs else pass_costs(
+                model, step, kw, [w for w in WIDTHS if w <= Wmax], batch=cost_batch,
+                key=(self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q, o.coupling))
+            costs = {w: c for w, c in costs.items() if w <= Wmax}
+            if not can_pay(costs, cost_batch):  # no width pays even if every draft passes: AR's own loop
+                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
+        cache = model.new_cache(2 * S if cfg else S)  # (after the fallback: AR allocates its own)
 
         P = 0 if prefix is None else prefix.shape[1]  # given tokens: each sample starts at token P
         B = L + 2 * Wmax  # buffer length: drafts may run past the end of the image
@@ -360,6 +427,8 @@ class SpeculativeSampler(Sampler):
                 owner[b], policies[b] = next_sample, None
                 slot_cond[b] = cond[next_sample]
                 u[b] = per_sample_uniforms([seeds[next_sample]], (L, 3 * D + 2), dev, stream=1)[0]
+                if gumbel:
+                    kw["gkeys"][b] = gumbel_keys([seeds[next_sample]], L + 2 * Wmax, dev)[0]
                 next_sample += 1
             cond_in = torch.cat([slot_cond, model.null_cond(slot_cond)]) if cfg else slot_cond
             first = torch.full((S,), P, dtype=torch.long, device=dev)  # the first token to draw
@@ -377,8 +446,13 @@ class SpeculativeSampler(Sampler):
             p0 = window_target(logits, first[:, None], cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k,
                                o.top_p)[:, 0]
             _, ur, _, uf = u[:, 0].split([D, 1, D + 1, D], dim=1)
-            t_new[:, P] = sample_from_probs(p0, ur[:, 0])
+            if gumbel:
+                t_new[:, P] = gumbel_draw(p0, kw["gkeys"][:, P])
+            else:
+                t_new[:, P] = sample_from_probs(p0, ur[:, 0])
             f, q_new = fresh_drafts(t_new, first, p0, uf, init=o.init, fresh_q=o.fresh_q, grid=grid)
+            if gumbel and o.init == "sample":
+                f = gumbel_draw(p0[:, None].expand(-1, D, -1), kw["gkeys"][:, P + 1:P + 1 + D])
             t_new[:, P + 1:P + 1 + D] = f
             tokens[idx] = t_new[idx]
             logp[idx, :P] = 0.0
@@ -388,16 +462,6 @@ class SpeculativeSampler(Sampler):
             n[idx] = P + 1
             counts[idx] = 0
 
-        costs = None
-        if adaptive:
-            samples, job_batch = job_shape(N, batch_size)  # the job's batch: one table for all its calls
-            cost_batch = 1 if o.costs else min(samples, job_batch)  # given costs: one sample's (batch-invariant)
-            costs = parse_costs(o.costs) if o.costs else pass_costs(
-                model, step, kw, [w for w in WIDTHS if w <= Wmax], batch=cost_batch,
-                key=(self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q))
-            costs = {w: c for w, c in costs.items() if w <= Wmax}
-            if not can_pay(costs, cost_batch):  # no width pays even if every draft passes: AR's own loop
-                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
         policies = [None] * S  # window=auto: each slot's own width policy (from its own sample's passes only)
         widths = [Wmax] * S
         fill(list(range(S)))

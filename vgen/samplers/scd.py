@@ -1,0 +1,40 @@
+"""Speculative Coupled Decoding (So et al., ICML 2026): SJD whose drafts, between Jacobi iterations, keep their
+token unless the target's distribution really moved. Lossless; training-free.
+
+Two couplings of a position's successive drafts (``coupling``):
+
+* ``gumbel`` (SCD-GS, the default): every draw at token position t, in any pass, is argmax(log p + g_t) with one
+  Gumbel vector g_t fixed per (seed, t) (:mod:`vgen.kernels.gumbel`). A draft passes when it equals the target's
+  own draw there, so the emitted tokens are, by construction, the tokens of ``ar`` with ``draw="gumbel"`` for the
+  same seed and settings: identical output (up to float rounding of the logits), at any window, init or batch.
+* ``maximal`` (SCD-MC): SJD's verification (accept with min(1, p/q), correct from norm(max(0, p - q))); after a
+  rejection each later draft x is kept with probability min(1, p_new(x) / p_old(x)), else redrawn from
+  norm(max(0, p_new - p_old)). Exact in distribution (tests: ``pytest -k "scd and exact"``).
+
+Everything else is the speculative core's (window / window=auto, init, continuous batching, per-sample seeds,
+step maps). ``gsd`` and ``lantern`` take ``coupling=maximal`` too; Gumbel coupling needs equality checks, which
+their relaxed rules are not.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vgen.samplers.base import option, register_sampler
+from vgen.samplers.sjd import sjd_rule
+from vgen.samplers.speculative import COUPLINGS, SpeculativeOptions, SpeculativeSampler
+
+
+@dataclass
+class SCDOptions(SpeculativeOptions):
+    coupling: str = option("gumbel", "gumbel (drafts and target share each position's Gumbel noise: the output is "
+                           "ar's with draw=gumbel) or maximal (SJD with maximally coupled redraws)", choices=COUPLINGS)
+    couplings = ("gumbel", "maximal")
+    max_window: int = option(16, "window=auto: the widest pass it may choose (coupled drafts keep converging at "
+                             "wide windows)")
+
+
+@register_sampler
+class SCDSampler(SpeculativeSampler):
+    name = "scd"
+    Options = SCDOptions
+    rule = staticmethod(sjd_rule)  # coupling=maximal; gumbel checks drafts by equality
