@@ -38,6 +38,8 @@ def one_line(err: str) -> str:
     ("seed=1.5", "seed=1.5: seed takes a whole number"),
     ("foo=1", "unknown key 'foo': `vgen sample --cfg job` lists every key"),
     ("sampler.foo=3", "unknown key 'sampler.foo'"),
+    ("+foo=1", "+foo=1 adds a key vgen does not read"),
+    ("++sampler.window=4", "set it without '+' (sampler.window=4 names it"),
     ("labels=abc", "labels:"),
     ("model.path", "cannot read the override (Error parsing override 'model.path'; missing EQUAL"),
     ("num_samples=[", "cannot read the override"),

@@ -186,3 +186,34 @@ def test_scd_bad_options_fail_before_work(tiny_gpt, opts, match):
         sample(tiny_gpt, [0], "scd", **opts)
     with pytest.raises(VGenError, match="draw must be one of inverse-cdf, gumbel"):
         sample(tiny_gpt, [0], "ar", draw="gumbel-max")
+
+
+def test_scd_auto_window_is_one_width_per_job(tiny_gpt, tmp_path, monkeypatch):
+    """window=auto for scd: one width for the job, the best tokens per second from the pass costs and the calibrated
+    tokens per pass (cached, the same for every job); its tokens are the fixed window's (and ar draw=gumbel's)."""
+    from vgen.samplers.speculative import best_job_width, pass_tokens
+    from vgen.samplers.scd import SCDSampler
+    assert best_job_width({1: 1.0, 2: 1.1, 4: 1.4}, {2: 1.5, 4: 2.2}) == 4      # 2.2 / 1.4 > 1.5 / 1.1 > 1
+    assert best_job_width({1: 1.0, 2: 1.6, 4: 2.5}, {2: 1.5, 4: 2.2}) == 1      # no width beats a plain step
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    kw = dict(cfg_scale=2.0, top_k=10)
+    costs = "1:1,2:1.05,4:1.2,8:1.5,16:2.5"
+    s = SCDSampler(costs=costs, **kw)
+    s.validate(tiny_gpt)
+    s.options.compile = False
+    tokens = pass_tokens(s, tiny_gpt, [2, 4, 8, 16])
+    assert set(tokens) == {2, 4, 8, 16} and all(t >= 1 for t in tokens.values())
+    calls = []
+    real = SCDSampler._run
+    monkeypatch.setattr(SCDSampler, "_run", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert pass_tokens(s, tiny_gpt, [2, 4, 8, 16]) == tokens and not calls  # cached
+    monkeypatch.setattr(SCDSampler, "_run", real)
+    w = best_job_width({1: 1, 2: 1.05, 4: 1.2, 8: 1.5, 16: 2.5}, tokens)
+    auto, st = sample(tiny_gpt, [0, 1, 2, 3], "scd", seed=3, costs=costs, batch_size=3, **kw)
+    ar, _ = sample(tiny_gpt, [0, 1, 2, 3], "ar", seed=3, draw="gumbel", **kw)
+    assert torch.equal(auto, ar)
+    if w > 1:
+        fixed, sf = sample(tiny_gpt, [0, 1, 2, 3], "scd", seed=3, window=w, batch_size=3, **kw)
+        assert st["mean_window"] == w and st["forward_passes"] == sf["forward_passes"]
+    else:
+        assert st["mean_window"] == 1

@@ -46,6 +46,10 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
     """One-line errors for unknown config-group choices, before Hydra composes anything."""
     for o in overrides:
         key, sep, value = o.partition("=")
+        if o.startswith("+") and sep and not _is_group(key.lstrip("+")):
+            name = key.lstrip("+")
+            raise VGenError(f"{key}={value} adds a key vgen does not read: every setting already has a key, "
+                            f"set it without '+' ({name}={value} names it; `vgen {command} --cfg job` lists every key)")
         key = key.lstrip("+~")
         if sep and key in ("model", "sampler", "recipe"):
             valid = _group_options(key)
@@ -55,6 +59,13 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
                 if v not in valid:
                     extra = " (or model.path=<folder with pipeline.json>)" if key == "model" else ""
                     raise VGenError(f"unknown {key} {v!r}; available: {', '.join(valid)}{extra}")
+
+
+def _is_group(key: str) -> bool:
+    """Whether ``key`` names a config group (``+experiment=...``, ``+hydra/launcher=...``): the one thing '+' adds."""
+    from pathlib import Path
+    top = key.split("/")[0].split(".")[0]
+    return "." not in key and (top == "sampler" or (Path(__file__).parent / "configs" / top).is_dir())
 
 
 _TYPES = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "String": "text"}

@@ -11,8 +11,12 @@ Two couplings of a position's successive drafts (``coupling``):
   rejection each later draft x is kept with probability min(1, p_new(x) / p_old(x)), else redrawn from
   norm(max(0, p_new - p_old)). Exact in distribution (tests: ``pytest -k "scd and exact"``).
 
-Everything else is the speculative core's (window / window=auto, init, continuous batching, per-sample seeds,
-step maps). ``gsd`` and ``lantern`` take ``coupling=maximal`` too; Gumbel coupling needs equality checks, which
+Everything else is the speculative core's (window, init, continuous batching, per-sample seeds, step maps), except
+how ``window=auto`` chooses: a coupled draft's acceptance grows with the passes it has stayed in the window (it is
+redrawn only where p moved), so the acceptance of narrow passes says little about wide ones, and a per-pass choice
+from it stays narrow. ``scd`` therefore picks one width for the whole job: the most tokens per second from the
+measured pass costs and tokens per pass at each fixed width, calibrated once per model and settings on samples of
+its own (``pass_tokens``); where none beats a plain step it runs AR's loop (with the Gumbel draw). ``gsd`` and ``lantern`` take ``coupling=maximal`` too; Gumbel coupling needs equality checks, which
 their relaxed rules are not.
 """
 from __future__ import annotations
@@ -38,3 +42,4 @@ class SCDSampler(SpeculativeSampler):
     name = "scd"
     Options = SCDOptions
     rule = staticmethod(sjd_rule)  # coupling=maximal; gumbel checks drafts by equality
+    width_rule = "job"  # coupled drafts gain with the passes they stay in a wide window: one width per job

@@ -263,6 +263,51 @@ def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
     return best_width(costs, 1.0, max(costs) + 1, batch) > 1
 
 
+def best_job_width(costs: dict[int, float], tokens: dict[int, float]) -> int:
+    """One width for every sample and pass of a job: the most tokens per second, ``tokens[w] / costs[w]`` (tokens
+    per pass of a sample at fixed width w, every sample of the batch advancing together), against a plain step's
+    1 / costs[1]."""
+    return max(sorted(costs), key=lambda w: (1.0 if w == 1 else tokens[w]) / costs[w])
+
+
+CALIBRATION_SAMPLES = 2  # per width, classes 0, 1, ... and seeds 2^62 + i: the same for every job
+
+
+def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, float]:
+    """Tokens per pass of ``sampler`` at each fixed width in ``widths``, from ``CALIBRATION_SAMPLES`` samples of its
+    own (fixed classes and seeds, so every job and call gets the same table): measured once per model and settings
+    and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table is the same
+    on every machine (up to float rounding)."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from vgen.io import atomic_write_json, cache_dir
+    o = sampler.options
+    settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+    w0 = next(model.parameters())
+    ident = json.dumps([sampler.name, model.config_dict(), str(w0.dtype), settings], sort_keys=True, default=str)
+    name = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    path = cache_dir() / "pass_tokens.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    known = {int(w): t for w, t in table.get(name, {}).items()}
+    missing = [w for w in widths if w not in known]
+    if missing:
+        k = CALIBRATION_SAMPLES
+        cond = torch.arange(k, device=w0.device) % model.num_classes
+        seeds = [2 ** 62 + i for i in range(k)]
+        for w in missing:
+            with torch.inference_mode():
+                _, st = sampler.fixed(w)._run(model, cond, seeds, False, k, codebook=codebook)
+            known[w] = float(st["accepted_per_step"])
+        table[name] = {str(w): t for w, t in sorted(known.items())}
+        atomic_write_json(path, table)
+    return {w: known[w] for w in widths}
+
+
 class WidthPolicy:
     """Cost-aware window: before each pass, the width with the most expected tokens per unit of cost, from the
     pass costs and a running estimate of the per-draft acceptance (decayed sums of accepted and checked drafts
@@ -347,6 +392,19 @@ class SpeculativeSampler(Sampler):
     Options = SpeculativeOptions
     rule = None
     prefix = True
+    # window=auto: "pass" chooses each sample's width before every pass from the acceptance it observes
+    # (:class:`WidthPolicy`); "job" one width for the whole job from calibrated tokens per pass
+    # (:func:`pass_tokens`), for drafts whose acceptance grows with the passes they stay in the window (coupled
+    # drafts: a per-pass choice from the current acceptance never sees that)
+    width_rule = "pass"
+
+    def fixed(self, window: int) -> SpeculativeSampler:
+        """This sampler with a fixed ``window``."""
+        import copy
+        import dataclasses
+        run = copy.copy(self)
+        run.options = dataclasses.replace(self.options, window=window)
+        return run
 
     def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
         return (), {}
@@ -393,8 +451,14 @@ class SpeculativeSampler(Sampler):
                 model, step, kw, [w for w in WIDTHS if w <= Wmax], batch=cost_batch,
                 key=(self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q, o.coupling))
             costs = {w: c for w, c in costs.items() if w <= Wmax}
-            if not can_pay(costs, cost_batch):  # no width pays even if every draft passes: AR's own loop
+            job = type(self).width_rule == "job"  # one width for all: every sample widens with the others
+            if not can_pay(costs, 1 if job else cost_batch):  # no width pays even if every draft passes: AR's loop
                 return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
+            if job:
+                w = best_job_width(costs, pass_tokens(self, model, [w for w in costs if w > 1], codebook))
+                if w == 1:
+                    return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
+                return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
         cache = model.new_cache(2 * S if cfg else S)  # (after the fallback: AR allocates its own)
 
         P = 0 if prefix is None else prefix.shape[1]  # given tokens: each sample starts at token P
