@@ -263,19 +263,25 @@ def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
     return best_width(costs, 1.0, max(costs) + 1, batch) > 1
 
 
-def best_job_width(costs: dict[int, float], tokens: dict[int, float]) -> int:
+# A width must promise this much over a plain step before a job leaves AR's loop: the calibration is a few
+# samples, and the loop's host work per pass is not in the cost table (docs/benchmarks.md, "Coupled drafts").
+JOB_MARGIN = 1.1
+
+
+def best_job_width(costs: dict[int, float], tokens: dict[int, float], margin: float = JOB_MARGIN) -> int:
     """One width for every sample and pass of a job: the most tokens per second, ``tokens[w] / costs[w]`` (tokens
-    per pass of a sample at fixed width w, every sample of the batch advancing together), against a plain step's
-    1 / costs[1]."""
-    return max(sorted(costs), key=lambda w: (1.0 if w == 1 else tokens[w]) / costs[w])
+    per pass of a sample at fixed width w, every sample of the batch advancing together), if it beats a plain
+    step's 1 / costs[1] by ``margin``; else 1 (a plain step)."""
+    w = max(sorted(costs), key=lambda w: (1.0 if w == 1 else tokens[w]) / costs[w])
+    return w if w == 1 or tokens[w] / costs[w] >= margin / costs[1] else 1
 
 
-CALIBRATION_SAMPLES = 2  # per width, classes 0, 1, ... and seeds 2^62 + i: the same for every job
+CALIBRATION_SAMPLES = 8  # one batch, classes spread over the model's (i * classes // 8), seeds 2^62 + i
 
 
 def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, float]:
     """Tokens per pass of ``sampler`` at each fixed width in ``widths``, from ``CALIBRATION_SAMPLES`` samples of its
-    own (fixed classes and seeds, so every job and call gets the same table): measured once per model and settings
+    own in one batch (fixed classes and seeds, so every job and call gets the same table): measured once per model and settings
     and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table is the same
     on every machine (up to float rounding)."""
     import dataclasses
@@ -286,7 +292,8 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     o = sampler.options
     settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
     w0 = next(model.parameters())
-    ident = json.dumps([sampler.name, model.config_dict(), str(w0.dtype), settings], sort_keys=True, default=str)
+    ident = json.dumps([sampler.name, model.config_dict(), str(w0.dtype), settings, CALIBRATION_SAMPLES, "spread"],
+                       sort_keys=True, default=str)
     name = hashlib.sha256(ident.encode()).hexdigest()[:16]
     path = cache_dir() / "pass_tokens.json"
     try:
@@ -297,7 +304,7 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     missing = [w for w in widths if w not in known]
     if missing:
         k = CALIBRATION_SAMPLES
-        cond = torch.arange(k, device=w0.device) % model.num_classes
+        cond = torch.tensor([i * model.num_classes // k for i in range(k)], device=w0.device)
         seeds = [2 ** 62 + i for i in range(k)]
         for w in missing:
             with torch.inference_mode():
