@@ -195,8 +195,8 @@ def test_scd_auto_window_is_one_width_per_job(tiny_gpt, tmp_path, monkeypatch):
     from vgen.samplers.scd import SCDSampler
     assert best_job_width({1: 1.0, 2: 1.1, 4: 1.4}, {2: 1.5, 4: 2.2}) == 4      # 2.2 / 1.4 > 1.5 / 1.1 > 1
     assert best_job_width({1: 1.0, 2: 1.6, 4: 2.5}, {2: 1.5, 4: 2.2}) == 1      # no width beats a plain step
-    assert best_job_width({1: 1.0, 2: 1.4}, {2: 1.5}) == 1                      # 1.07: inside the margin
-    assert best_job_width({1: 1.0, 2: 1.4}, {2: 1.5}, margin=1.0) == 2
+    assert best_job_width({1: 1.0, 2: 1.4, 4: 1.6}, {2: 1.5, 4: 1.9}) == 1     # 1.19 at best: inside the margin
+    assert best_job_width({1: 1.0, 2: 1.4, 4: 1.6}, {2: 1.5, 4: 1.9}, margin=1.0) == 4
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     kw = dict(cfg_scale=2.0, top_k=10)
     costs = "1:1,2:1.05,4:1.2,8:1.5,16:2.5"
