@@ -47,6 +47,7 @@ def test_race_runs_ar_as_baseline_and_reports_speed(demo):
 
 
 @needs_zoo("photos-gpt")
+@pytest.mark.slow
 def test_race_includes_scd_whose_image_is_ar_gumbel(demo):
     from vgen.demo import RACED
     assert "scd" in RACED

@@ -242,6 +242,7 @@ def test_cli_runs_speculative_samplers(tiny_pipeline, tmp_path):
         assert st["sampler"] == name and st["accepted_per_step"] > 1 and st["forward_passes"] < 16
 
 
+@pytest.mark.slow
 def test_compiled_step_matches_eager(tiny_gpt):
     """The compiled verify step (what `vgen bench` times) decides the same tokens as the eager one."""
     kw = dict(window=4, init="vertical", cfg_scale=2.0, top_k=10)

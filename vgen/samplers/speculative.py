@@ -263,6 +263,22 @@ def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
     return best_width(costs, 1.0, max(costs) + 1, batch) > 1
 
 
+def _width_table(file: str, ident: list):
+    """A per-width table cached in ``$VGEN_CACHE/<file>`` under the hash of ``ident``: (path, the whole file, this
+    table's key, its known {width: value})."""
+    import hashlib
+    import json
+
+    from vgen.io import cache_dir
+    name = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache_dir() / file
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    return path, table, name, {int(w): v for w, v in table.get(name, {}).items()}
+
+
 # A width must promise this much over a plain step before a job leaves AR's loop: the calibration is a few
 # samples, and the cost table (the step alone) misses the loop's work per pass, which at batch 8 on this CPU made
 # passes cost 16-30% more than the table said (docs/benchmarks.md, "Coupled drafts"); at batch 1 it was exact.
@@ -282,26 +298,17 @@ CALIBRATION_SAMPLES = 8  # one batch, classes spread over the model's (i * class
 
 def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, float]:
     """Tokens per pass of ``sampler`` at each fixed width in ``widths``, from ``CALIBRATION_SAMPLES`` samples of its
-    own in one batch (fixed classes and seeds, so every job and call gets the same table): measured once per model and settings
-    and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table is the same
-    on every machine (up to float rounding)."""
+    own in one batch (fixed classes and seeds, so every job and call gets the same table): measured once per model
+    and settings and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table
+    is the same on every machine (up to float rounding)."""
     import dataclasses
-    import hashlib
-    import json
 
-    from vgen.io import atomic_write_json, cache_dir
+    from vgen.io import atomic_write_json
     o = sampler.options
     settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
     w0 = next(model.parameters())
-    ident = json.dumps([sampler.name, model.config_dict(), str(w0.dtype), settings, CALIBRATION_SAMPLES, "spread"],
-                       sort_keys=True, default=str)
-    name = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    path = cache_dir() / "pass_tokens.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    known = {int(w): t for w, t in table.get(name, {}).items()}
+    path, table, name, known = _width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
+                                                                 settings, CALIBRATION_SAMPLES, "spread"])
     missing = [w for w in widths if w not in known]
     if missing:
         k = CALIBRATION_SAMPLES
@@ -347,20 +354,11 @@ def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, batch: int 
     against AR's step at batch 8 than at batch 1 (more rows, less per-op overhead to hide them), so the batch is
     the job's (:func:`job_shape`): every call and rank of one job uses one table and draws the same widths."""
     S = batch
-    import hashlib
-    import json
-
-    from vgen.io import atomic_write_json, cache_dir
+    from vgen.io import atomic_write_json
     w0 = next(model.parameters())
-    ident = json.dumps([model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(),
-                        torch.__version__, [str(k) for k in key], kw["cfg"], kw["D"]], sort_keys=True, default=str)
-    name = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    path = cache_dir() / "pass_costs.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    known = {int(w): c for w, c in table.get(name, {}).items()}
+    path, table, name, known = _width_table("pass_costs.json", [
+        model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(), torch.__version__,
+        [str(k) for k in key], kw["cfg"], kw["D"]])
     if all(w in known for w in widths):
         return known
     L, D, dev, V = kw["L"], kw["D"], w0.device, model.vocab_size
