@@ -170,8 +170,8 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
     ``coupling`` is how the drafts after the first rejection are redrawn (:mod:`vgen.samplers.scd`): independent
     (a fresh draw from p), maximal (the old draft kept with probability min(1, p(x) / q(x)), else a draw from
     norm(max(0, p - q))) or gumbel (every draw at a position is Gumbel-max with that position's fixed noise; a
-    draft passes when it equals the target's own draw, and ``rule`` is not
-    used). ``gkeys`` (B, buffer length): every position's Gumbel key, per sample (:func:`gumbel_keys`)."""
+    draft passes when it equals the target's own draw, and ``rule`` is not used). ``gkeys`` (B, buffer length):
+    every position's Gumbel key, per sample (:func:`gumbel_keys`)."""
     ar = torch.arange(W, device=n.device)
     idx = n[:, None] - 1 + ar  # the last accepted token, then the drafts
     inp = tokens.gather(1, idx)
