@@ -39,7 +39,8 @@ def one_line(err: str) -> str:
     ("foo=1", "unknown key 'foo': `vgen sample --cfg job` lists every key"),
     ("sampler.foo=3", "unknown key 'sampler.foo'"),
     ("+foo=1", "+foo=1 adds a key vgen does not read"),
-    ("++sampler.window=4", "set it without '+' (sampler.window=4 names it"),
+    ("+seed=3", "set it without '+' (seed=3 names it"),
+    ("++foo=1", "unknown key 'foo'"),
     ("labels=abc", "labels:"),
     ("model.path", "cannot read the override (Error parsing override 'model.path'; missing EQUAL"),
     ("num_samples=[", "cannot read the override"),
@@ -51,6 +52,15 @@ def test_hydra_errors_are_one_line_with_exit_code_2(arg, msg, tmp_path, capsys, 
     assert one_line(err).startswith("vgen sample: error: ") and msg in err, err
     assert list(tmp_path.iterdir()) == []  # nothing written anywhere: no outdir, no .hydra in the working folder
     assert os.environ.get("HYDRA_FULL_ERROR") is None  # the switch the CLI sets for itself is put back
+
+
+def test_plus_overrides_that_hydra_or_vgen_reads_still_work(tmp_path, capsys, monkeypatch):
+    """'++' on one of vgen's keys sets it; '+' still adds Hydra's own settings and config groups."""
+    monkeypatch.chdir(tmp_path)
+    from vgen.cli import main
+    main(["sample", "++seed=3", "+hydra.job.env_set.VGEN_TEST_X=1", "--cfg", "job"])
+    out = capsys.readouterr().out
+    assert "seed: 3" in out and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("make,msg", [

@@ -8,8 +8,8 @@ from scipy import stats
 
 from vgen.errors import VGenError
 from vgen.kernels.gumbel import gumbel_draw, gumbel_keys, gumbel_noise
+from vgen.kernels.verify import maximal_coupling
 from vgen.samplers import sample
-from vgen.samplers.speculative import maximal_coupling
 
 OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
 N = 20_000

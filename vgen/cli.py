@@ -46,10 +46,10 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
     """One-line errors for unknown config-group choices, before Hydra composes anything."""
     for o in overrides:
         key, sep, value = o.partition("=")
-        if o.startswith("+") and sep and not _is_group(key.lstrip("+")):
-            name = key.lstrip("+")
+        if o.startswith("+") and not o.startswith("++") and sep and not _is_group(key[1:]):
             raise VGenError(f"{key}={value} adds a key vgen does not read: every setting already has a key, "
-                            f"set it without '+' ({name}={value} names it; `vgen {command} --cfg job` lists every key)")
+                            f"set it without '+' ({key[1:]}={value} names it; `vgen {command} --cfg job` lists every "
+                            "key)")
         key = key.lstrip("+~")
         if sep and key in ("model", "sampler", "recipe"):
             valid = _group_options(key)
@@ -62,10 +62,19 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
 
 
 def _is_group(key: str) -> bool:
-    """Whether ``key`` names a config group (``+experiment=...``, ``+hydra/launcher=...``): the one thing '+' adds."""
+    """Whether '+' may add ``key``: a config group (``+experiment=...``, ``+hydra/launcher=...``) or one of Hydra's
+    own settings (``+hydra.job.env_set.X=1``); every key vgen reads is already in its config."""
     from pathlib import Path
     top = key.split("/")[0].split(".")[0]
-    return "." not in key and (top == "sampler" or (Path(__file__).parent / "configs" / top).is_dir())
+    group = "." not in key and (top == "sampler" or (Path(__file__).parent / "configs" / top).is_dir())
+    return top == "hydra" or group
+
+
+def _as_set(override: str) -> str:
+    """``++key=value`` (set, or add if missing) on one of vgen's keys -> ``key=value``: Hydra then checks the key
+    against vgen's config (an unknown one is the one-line "unknown key" error instead of being added unread)."""
+    key = override.partition("=")[0]
+    return override[2:] if override.startswith("++") and "=" in override and not _is_group(key[2:]) else override
 
 
 _TYPES = {"Integer": "a whole number", "Float": "a number", "Boolean": "true or false", "String": "text"}
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"vgen: error: unknown command {command!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
 
+    rest = [_as_set(o) for o in rest]
     try:
         _precheck(rest, command)
     except VGenError as e:

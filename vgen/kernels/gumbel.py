@@ -9,8 +9,9 @@ same noise: that is what couples the Jacobi drafts of SCD's Gumbel coupling to t
 The generator is a keyed integer hash (no state, no sequence). On the host, once per sample: a 64-bit key from
 the seed (SplitMix64), then one 32-bit key per token position (:func:`gumbel_keys`, a (B, L) table of int64). Per
 (position, token), inside the decode step: one round of a 32-bit mixer on ``key ^ (v * golden)``; the top 23 bits
-give a float32 uniform u in (0, 1) (centred in 2^23 cells, so u is never 0 or 1 in float32) and g = -log(-log u). All arithmetic is int64
-holding 32-bit values, and no product reaches 2^63, so nothing overflows on any device or compiler. Memory: one
+give a float32 uniform u in (0, 1) (centred in 2^23 cells, so u is never 0 or 1 in float32) and g = -log(-log u).
+All arithmetic is int64 holding 32-bit values, and no product reaches 2^63, so nothing overflows on any device or
+compiler. Memory: one
 (rows, positions, V) tensor for the positions of one pass, not the whole image. The draw itself is written
 argmin(p / log u) (= argmax(log p + g), with one log fewer per token, and p = 0 never drawn).
 """

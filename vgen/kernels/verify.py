@@ -39,9 +39,25 @@ def correction(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor, u: torch.Tenso
     q = torch.cat([q, q.new_zeros(B, 1, V)], dim=1)
     at = k[:, None, None].expand(B, 1, V)
     pk, qk = p.gather(1, at).squeeze(1), q.gather(1, at).squeeze(1)
-    r = (pk - qk).clamp_min(0)
-    r = torch.where(r.sum(-1, keepdim=True) > 0, r, pk)  # p == q to rounding: nothing to correct
+    return residual_draw(pk, qk, u)
+
+
+def residual_draw(p: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """A draw from norm(max(0, p - q)) (from p where p == q to rounding: nothing to correct); p, q (..., V), u (...)."""
+    r = (p - q).clamp_min(0)
+    r = torch.where(r.sum(-1, keepdim=True) > 0, r, p)
     return sample_from_probs(r, u)
+
+
+def maximal_coupling(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_keep: torch.Tensor,
+                     u_draw: torch.Tensor) -> torch.Tensor:
+    """Redraw drafts x ~ q as draws from p, coupled to x: keep x with probability min(1, p(x) / q(x)), otherwise
+    draw from norm(max(0, p - q)). The result has law p exactly (a maximal coupling of q and p), and keeps x as
+    often as any coupling can. p, q (B, M, V); x, u_keep, u_draw (B, M)."""
+    px = p.gather(-1, x[..., None]).squeeze(-1)
+    qx = q.gather(-1, x[..., None]).squeeze(-1)
+    keep = u_keep < (px / qx.clamp_min(1e-30)).clamp_max(1.0)
+    return torch.where(keep, x, residual_draw(p, q, u_draw))
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from vgen.errors import VGenError
 from vgen.kernels.decode import compiled
 from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
-from vgen.kernels.verify import correction, gather_rows, leading_accepts, window_target
+from vgen.kernels.verify import correction, gather_rows, leading_accepts, maximal_coupling, window_target
 from vgen.interfaces import ModelSpec
 from vgen.samplers.base import Sampler, SamplingOptions, job_shape, option
 
@@ -138,7 +138,7 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     if init == "random":
         f = (u * V).long().clamp_max(V - 1)
         if fresh_q == "proposal":
-            return f, p_last.new_full((B, D, V), 1.0 / V)
+            return f, p_last.new_full((B, D, V), 1.0 / V) if with_q else None
     elif init == "sample":
         dist = p_last[:, None].expand(B, D, V)
         f = sample_from_probs(dist, u)
@@ -237,19 +237,6 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
     accepted = torch.where(active, torch.minimum(k, left), 0)
     counts = counts + torch.stack([active.long(), checked, accepted], 1)
     return tokens, n + emitted, qwin, logp, smap, counts
-
-
-def maximal_coupling(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_keep: torch.Tensor,
-                     u_draw: torch.Tensor) -> torch.Tensor:
-    """Redraw drafts x ~ q as draws from p, coupled to x: keep x with probability min(1, p(x) / q(x)), otherwise
-    draw from norm(max(0, p - q)). The result has law p exactly (a maximal coupling of q and p), and keeps x as
-    often as any coupling can. p, q (B, M, V); x, u_keep, u_draw (B, M)."""
-    px = p.gather(-1, x[..., None]).squeeze(-1)
-    qx = q.gather(-1, x[..., None]).squeeze(-1)
-    keep = u_keep < (px / qx.clamp_min(1e-30)).clamp_max(1.0)
-    r = (p - q).clamp_min(0)
-    r = torch.where(r.sum(-1, keepdim=True) > 0, r, p)  # p == q to rounding: x is kept anyway
-    return torch.where(keep, x, sample_from_probs(r, u_draw))
 
 
 # The widths window=auto measures and chooses from: each is one compiled graph per attention-length bucket, so few
