@@ -34,6 +34,15 @@ def sample(cfg: DictConfig):
     from vgen.jobs import SampleJob
     from vgen.samplers.base import sampling_job
     sampler, options = cfg.sampler.name, _options(cfg.sampler)
+    num_samples = cfg.num_samples
+    if cfg.samples_per_class is not None:  # the papers' protocol: every class equally often (sample i: class i % C)
+        from vgen.pipeline import read_card
+        if cfg.labels is not None:
+            raise VGenError(f"samples_per_class={cfg.samples_per_class} draws every class in turn: drop labels=... "
+                            "(or set samples_per_class=null to sample the given labels)")
+        if cfg.samples_per_class < 1:
+            raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
+        num_samples = cfg.samples_per_class * int(read_card(cfg.model.path or cfg.model.name)["num_classes"])
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
         from vgen.interfaces import plain_sampler  # with the options given that it takes
         from vgen.pipeline import read_card
@@ -42,12 +51,12 @@ def sample(cfg: DictConfig):
         sampler = plain_sampler(card)
         options = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names()}
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,
-                    labels=None if cfg.labels is None else list(cfg.labels), num_samples=cfg.num_samples,
+                    labels=None if cfg.labels is None else list(cfg.labels), num_samples=num_samples,
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
                     grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
                     prompt_frames=cfg.prompt_frames)
     from vgen.configs import record_config
-    with sampling_job(cfg.num_samples, cfg.batch_size):  # compile=auto: one choice for the whole job, every rank
+    with sampling_job(num_samples, cfg.batch_size):  # compile=auto: one choice for the whole job, every rank
         return job.run(_output_dir(cfg), accepted=lambda folder: record_config(cfg, folder))
 
 
@@ -66,6 +75,11 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     from vgen.eval.metrics import BACKENDS, export_npz, fid, load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
+    if cfg.suite is not None:
+        if metric != "fid":
+            raise VGenError(f"suite={cfg.suite} scores images with its own table: drop {metric!r} "
+                            f"(vgen eval suite={cfg.suite} samples=... reference=...)")
+        return _eval_suite(cfg)
     if metric not in ("fid", "fvd", "npz"):
         raise VGenError(f"unknown eval metric {metric!r}: use `vgen eval fid ...`, `vgen eval fvd ...` or "
                         "`vgen eval npz ...`")
@@ -94,6 +108,41 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     isc = f", IS {res['isc_mean']:.3f}" if "isc_mean" in res else ""
     print(f"{tag} {res['fid']:.3f}, KID {res['kid_mean']:.5f} +- {res['kid_std']:.5f}{isc} "
           f"({res['num_samples']} samples vs {res['num_reference']} reference, {cfg.backend}); wrote {out}")
+    return res
+
+
+def _eval_suite(cfg: DictConfig) -> dict:
+    """`vgen eval suite=adm samples=<dir | .npz> reference=<name | dir | .npz> [extractor=inception ...]`: FID,
+    sFID, IS, Precision, Recall, KID -> out (JSON) and the same name with .md (the table and how each number was
+    computed). Every input is checked before any feature is computed."""
+    import warnings
+
+    from vgen import validate
+    from vgen.errors import VGenWarning
+    from vgen.eval.adm import SUITES, evaluate, markdown
+    from vgen.io import atomic_write_bytes, atomic_write_json
+    if cfg.suite not in SUITES:
+        raise VGenError(f"unknown suite {cfg.suite!r}: use one of {', '.join(SUITES)}")
+    if OmegaConf.is_missing(cfg, "samples"):
+        raise VGenError(f"say what to score: vgen eval suite={cfg.suite} samples=<folder of images | .npz>")
+    sp = Path(cfg.samples)
+    default = sp / f"{cfg.suite}.json" if sp.is_dir() else sp.with_name(f"{sp.stem}.{cfg.suite}.json")
+    out = validate.out_file(cfg.out or default)
+    md = out.with_suffix(".md")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", VGenWarning)
+        res = evaluate(cfg.samples, cfg.reference or "photos-test", suite=cfg.suite, extractor=cfg.extractor,
+                       weights=cfg.inception_weights if cfg.extractor == "inception" else cfg.classifier,
+                       batch_size=cfg.batch_size or 64, device=cfg.device, kid_subset_size=cfg.kid_subset_size,
+                       progress=cfg.progress, fd_dinov2=cfg.fd_dinov2, dinov2_weights=cfg.dinov2_weights,
+                       dinov2_model=cfg.dinov2_model)
+    import sys
+    for w in caught:
+        print(f"vgen eval: warning: {w.message}", file=sys.stderr)
+    atomic_write_json(out, res)
+    table = markdown(res)
+    atomic_write_bytes(md, table.encode())
+    print(table + f"wrote {out} and {md}")
     return res
 
 

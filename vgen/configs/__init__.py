@@ -85,6 +85,7 @@ class SampleSchema:
     sampler: Any = None
     labels: Optional[list[int]] = None  # null: cycle through every class
     num_samples: int = 16
+    samples_per_class: Optional[int] = None  # set: num_samples = this x the model's classes (labels must be null)
     seed: int = 0
     batch_size: int = 8
     outdir: str = "samples"
@@ -121,6 +122,10 @@ class BenchSchema:
 @dataclass
 class EvalSchema:
     metric: str = "fid"
+    suite: Optional[str] = None  # adm: FID, sFID, IS, Precision, Recall, KID in one table
+    fd_dinov2: bool = False  # suite: add FD-DINOv2 (implied by dinov2_weights)
+    dinov2_weights: Optional[str] = None  # dinov2_vit*14_pretrain.pth (or $VGEN_DINOV2_WEIGHTS)
+    dinov2_model: Optional[str] = None  # dinov2-vit-s-14 | -b-14 | -l-14 (default) | -g-14
     samples: str = "???"
     reference: Optional[str] = None  # null: photos-test (fid), clips-test (fvd)
     extractor: str = "photo"

@@ -1,7 +1,9 @@
-"""Evaluation: FID / KID / IS (torch-fidelity, clean-fid), FVD (I3D, FVD-photo), feature extractors, ADM .npz
-export, bench."""
+"""Evaluation: FID / KID / IS (torch-fidelity, clean-fid), the ADM suite (FID, sFID, IS, Precision, Recall, KID),
+FVD (I3D, FVD-photo), feature extractors, ADM .npz export, bench."""
+from vgen.eval.adm import evaluate, features, reference_stats
 from vgen.eval.fvd import fvd, load_videos
 from vgen.eval.fvd import REFERENCES as VIDEO_REFERENCES
 from vgen.eval.metrics import BACKENDS, REFERENCES, export_npz, fid, load_images
 
-__all__ = ["fid", "fvd", "export_npz", "load_images", "load_videos", "BACKENDS", "REFERENCES", "VIDEO_REFERENCES"]
+__all__ = ["fid", "fvd", "evaluate", "features", "reference_stats", "export_npz", "load_images", "load_videos",
+           "BACKENDS", "REFERENCES", "VIDEO_REFERENCES"]

@@ -112,17 +112,21 @@ def _from_array(x, what: str, nhwc: bool) -> torch.Tensor:
     return t.contiguous()
 
 
-def export_npz(images, path: str | os.PathLike) -> Path:
-    """Write images as the ADM evaluator's sample batch: ``arr_0``, uint8 (N, H, W, 3), atomically."""
-    import io
-
-    from vgen.io import atomic_write_bytes
-    imgs, _ = load_images(images, "images")
-    buf = io.BytesIO()
-    np.savez(buf, arr_0=imgs.permute(0, 2, 3, 1).numpy())
-    path = Path(path)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
+def export_npz(images, path: str | os.PathLike, batch_size: int = 256) -> Path:
+    """Write images as the ADM evaluator's sample batch: ``arr_0``, uint8 (N, H, W, 3), streamed and atomically;
+    for a ``vgen sample`` folder also ``arr_1`` (class labels, as guided-diffusion's sampler writes them) and
+    ``seeds`` (each sample's seed), which ``vgen eval suite=adm`` checks."""
+    from vgen.eval.adm import ImageSource
+    from vgen.eval.npz import write_npz
+    src = ImageSource(images, "images")
+    first = next(src.batches(1))
+    shape = (len(src), first.shape[2], first.shape[3], 3)
+    arrays = {"arr_0": (shape, np.uint8, (b.permute(0, 2, 3, 1).numpy() for b in src.batches(batch_size)))}
+    ls = src.labels_seeds()
+    if ls is not None:
+        arrays["arr_1"] = np.asarray(ls[0], np.int64)
+        arrays["seeds"] = np.asarray(ls[1], np.int64)
+    return write_npz(path, arrays)
 
 
 class _UInt8Dataset(torch.utils.data.Dataset):
