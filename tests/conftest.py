@@ -144,3 +144,18 @@ def _session_cache(tmp_path_factory):
     os.environ["VGEN_CACHE"] = str(tmp_path_factory.mktemp("vgen-cache"))
     yield
     os.environ.pop("VGEN_CACHE", None)
+
+
+@pytest.fixture(scope="session")
+def classifier(tmp_path_factory):
+    """A tiny random timm photo classifier in the zoo's file format (fast; the zoo's own is tested in test_eval)."""
+    from vgen.eval.extractors import PhotoClassifier, save_photo_classifier
+    torch.manual_seed(0)
+    return save_photo_classifier(PhotoClassifier("test_resnet"), tmp_path_factory.mktemp("cls") / "c.safetensors")
+
+
+@pytest.fixture(scope="session")
+def inception(tmp_path_factory):
+    """Randomly initialised weights of the standard Inception shapes (the whole Inception path, offline)."""
+    from vgen.eval.extractors import random_inception_weights
+    return random_inception_weights(tmp_path_factory.mktemp("inc") / "inception.safetensors")

@@ -16,19 +16,6 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 pytestmark = pytest.mark.filterwarnings("ignore::vgen.errors.VGenWarning")  # asserted with pytest.warns where due
 
 
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    from vgen.eval.extractors import PhotoClassifier, save_photo_classifier
-    torch.manual_seed(0)
-    return save_photo_classifier(PhotoClassifier("test_resnet"), tmp_path_factory.mktemp("cls") / "c.safetensors")
-
-
-@pytest.fixture(scope="module")
-def inception(tmp_path_factory):
-    from vgen.eval.extractors import random_inception_weights
-    return random_inception_weights(tmp_path_factory.mktemp("inc") / "inception.safetensors")
-
-
 def real(n, seed=1, split="test"):
     from vgen.data import photos
     return photos(split, n, seed=seed).images
@@ -351,6 +338,7 @@ def test_dinov2_features_match_torch_fidelity_on_the_official_code(dinov2_s):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_fd_dinov2_in_the_suite_and_its_errors(dinov2_s, classifier, cache, tmp_path, monkeypatch):
     import vgen.eval as ev
     path, _ = dinov2_s

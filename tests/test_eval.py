@@ -14,20 +14,6 @@ from vgen.errors import VGenError
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 
 
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    """A tiny random timm classifier in the zoo's file format (fast; the zoo one is tested below)."""
-    from vgen.eval.extractors import PhotoClassifier, save_photo_classifier
-    torch.manual_seed(0)
-    return save_photo_classifier(PhotoClassifier("test_resnet"), tmp_path_factory.mktemp("cls") / "c.safetensors")
-
-
-@pytest.fixture(scope="module")
-def inception(tmp_path_factory):
-    from vgen.eval.extractors import random_inception_weights
-    return random_inception_weights(tmp_path_factory.mktemp("inc") / "inception.safetensors")
-
-
 def real(n, seed=1):
     from vgen.data import photos
     return photos("test", n, seed=seed).images
