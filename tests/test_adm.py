@@ -384,3 +384,44 @@ def test_photos_protocol_end_to_end_orders_real_zoo_noise_on_every_metric(tmp_pa
         assert good[k] < zoo[k] < bad[k], k
     for k in ("is", "precision", "recall"):
         assert good[k] > zoo[k] > bad[k], k
+
+
+@pytest.mark.slow
+def test_inception_suite_end_to_end_with_an_adm_reference_npz(tmp_path, inception, cache):
+    """The whole Inception path offline (random weights of the standard shapes): an ADM-layout reference npz with
+    its own mu / sigma / mu_s / sigma_s, a sample npz, the five numbers and KID."""
+    from vgen.eval import evaluate, export_npz, reference_stats
+    ref_imgs = real(10, seed=3)
+    st = reference_stats(ref_imgs, "inception", weights=inception)
+    assert st["mu"].shape == (2048,) and st["sigma_s"].shape == (2023, 2023)
+    ref = tmp_path / "VIRTUAL_test_labeled.npz"
+    np.savez(ref, arr_0=ref_imgs.permute(0, 2, 3, 1).numpy(), **st)
+    samples = export_npz(real(8, seed=4), tmp_path / "samples.npz")
+    r = evaluate(samples, ref, extractor="inception", inception_weights=inception, cache=cache, batch_size=4)
+    for k in ("fid", "sfid", "is", "precision", "recall", "kid"):
+        assert r[k] is not None and np.isfinite(r[k]), k
+    assert r["features"] == {"pool": 2048, "spatial": 2023, "logits": 1008,
+                             "spatial_layer": r["features"]["spatial_layer"]}
+    assert "Mixed_6d.branch1x1" in r["features"]["spatial_layer"] and "precomputed" in r["reference_stats"]
+    same = evaluate(samples, ref_imgs, extractor="inception", inception_weights=inception, cache=cache)
+    assert r["fid"] == pytest.approx(same["fid"], rel=1e-6) and r["sfid"] == pytest.approx(same["sfid"], rel=1e-6)
+
+
+def test_video_clips_are_refused_by_the_image_metrics_with_the_fvd_command(tmp_path, classifier):
+    import vgen.eval as ev
+    from vgen.io import save_png
+    d = tmp_path / "clips"  # what `vgen sample` writes for a video model
+    d.mkdir()
+    (d / "000000.mp4").write_bytes(b"\x00")
+    (d / "000000.gif").write_bytes(b"\x00")
+    save_png(d / "000000.strip.png", torch.zeros(3, 32, 280, dtype=torch.uint8))
+    for call in (lambda: ev.fid(d, classifier=classifier), lambda: ev.evaluate(d, classifier=classifier),
+                 lambda: ev.export_npz(d, tmp_path / "x.npz")):
+        with pytest.raises(VGenError, match="holds video clips .*vgen eval fvd samples="):
+            call()
+    clips = torch.zeros(4, 8, 3, 32, 32, dtype=torch.uint8)
+    with pytest.raises(VGenError, match="holds video clips: score them with `vgen eval fvd`"):
+        ev.fid(clips, classifier=classifier)
+    np.savez(tmp_path / "v.npz", arr_0=clips.permute(0, 1, 3, 4, 2).numpy())
+    with pytest.raises(VGenError, match="holds video clips"):
+        ev.evaluate(tmp_path / "v.npz", classifier=classifier)

@@ -209,7 +209,10 @@ def _port_free(host: str, port: int) -> None:
 def train(cfg: DictConfig):
     import vgen.train.recipes  # noqa: F401  (registers every recipe)
     from vgen.train.common import run_recipe
-    metrics = run_recipe(OmegaConf.to_object(cfg.recipe))
+    from vgen.configs import record_config
+    # Hydra creates nothing (hydra.run.dir is "."): the run folder and its .hydra/ appear once the recipe's inputs
+    # have been checked
+    metrics = run_recipe(OmegaConf.to_object(cfg.recipe), accepted=lambda folder: record_config(cfg, folder))
     print(json.dumps(metrics, indent=2))
     return metrics
 

@@ -74,7 +74,7 @@ class ImageSource:
             self.name = str(p)
             if p.is_dir():
                 self.kind = "folder"
-                self._files = list_images(p)
+                self._files = list_images(p, what)
                 if not self._files:
                     raise VGenError(f"{what}: no images (.png, .jpg, ...) in folder {p}")
                 self._check_sizes()
@@ -85,6 +85,8 @@ class ImageSource:
                 if "arr_0" in npz_keys(p, what) or self.stats is None:
                     self._npz = NpzArray(p, "arr_0", what)
                     s = self._npz.shape
+                    if len(s) == 5:
+                        raise VGenError(f"{what}: {p}: arr_0 {s} holds video clips: score them with `vgen eval fvd`")
                     if self._npz.dtype != np.uint8 or len(s) != 4 or s[-1] != 3:
                         raise VGenError(f"{what}: {p}: arr_0 is {self._npz.dtype} {s}; the ADM layout is uint8 "
                                         "(N, H, W, 3)")

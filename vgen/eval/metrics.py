@@ -35,7 +35,16 @@ REFERENCES = {
 }
 
 
-def list_images(folder: Path) -> list[Path]:
+VIDEO_SUFFIXES = (".mp4", ".gif")
+
+
+def list_images(folder: Path, what: str = "samples") -> list[Path]:
+    """The images of a folder (``grid.png`` and hidden files skipped). A folder of clips (``vgen sample`` of a
+    video model: MP4 / GIF / strip PNGs) is refused: its strips are not samples of an image model."""
+    clips = [p for p in folder.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES and not p.name.startswith(".")]
+    if clips:
+        raise VGenError(f"{what}: {folder} holds video clips ({clips[0].name}, ...): score them with `vgen eval fvd "
+                        f"samples={folder}` (FVD); FID / the ADM suite score images")
     files = sorted(p for p in folder.iterdir()
                    if p.suffix.lower() in IMAGE_SUFFIXES and p.name != "grid.png" and not p.name.startswith("."))
     return files
@@ -49,7 +58,7 @@ def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
     if isinstance(source, (str, os.PathLike)):
         p = Path(source).expanduser()
         if p.is_dir():
-            files = list_images(p)
+            files = list_images(p, what)
             if not files:
                 raise VGenError(f"{what}: no images ({', '.join(IMAGE_SUFFIXES)}) in folder {p}")
             images = _read_files(files, what)
@@ -103,6 +112,9 @@ def _from_array(x, what: str, nhwc: bool) -> torch.Tensor:
     if t.dtype != torch.uint8:
         raise VGenError(f"{what}: expected uint8 images (0..255), got dtype {t.dtype}; convert with "
                         "vgen.data.to_uint8")
+    if t.dim() == 5:
+        raise VGenError(f"{what}: a 5-d array {tuple(t.shape)} holds video clips: score them with `vgen eval fvd` "
+                        "(vgen.eval.fvd); FID / the ADM suite score images (N, 3, H, W)")
     if t.dim() != 4:
         raise VGenError(f"{what}: expected a 4-d batch of images, got shape {tuple(t.shape)}")
     if nhwc or (t.shape[1] != 3 and t.shape[-1] == 3):

@@ -7,6 +7,7 @@ import math
 import os
 import time
 from contextlib import nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -74,10 +75,19 @@ def recipe(config_cls: type):
     return deco
 
 
-def run_recipe(cfg) -> dict:
+_ACCEPTED: ContextVar[Callable | None] = ContextVar("accepted", default=None)
+
+
+def run_recipe(cfg, accepted: Callable[[Path], None] | None = None) -> dict:
+    """Run a recipe; ``accepted(run folder)`` is called once its inputs have been checked and the folder opened
+    (the CLI records its Hydra config there: a refused run writes nothing)."""
     if type(cfg) not in _RECIPES:
         raise VGenError(f"unknown recipe {type(cfg).__name__}")
-    return _RECIPES[type(cfg)](cfg)
+    token = _ACCEPTED.set(accepted)
+    try:
+        return _RECIPES[type(cfg)](cfg)
+    finally:
+        _ACCEPTED.reset(token)
 
 
 def require_file(path: str, what: str, recipe_name: str) -> None:
@@ -96,7 +106,11 @@ def start_run(cfg, needs: tuple[tuple[str, str, str], ...] = ()) -> tuple[RunDir
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    return RunDir(cfg.out), device
+    run = RunDir(cfg.out)
+    accepted = _ACCEPTED.get()
+    if accepted is not None:
+        accepted(run.path)
+    return run, device
 
 
 def to_cpu(obj):
