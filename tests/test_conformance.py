@@ -54,6 +54,7 @@ def test_conformance_gpt_greedy_generation(conf_dir, key, cfg):
     assert stats["forward_passes"] == io[key].shape[1]
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_conformance_gpt_greedy_compiled(conf_dir):
     """The compiled decode step (freezing + C++ wrapper) produces the official tokens too."""
     model, io = _gpt(conf_dir)

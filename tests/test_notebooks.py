@@ -22,6 +22,7 @@ def test_quickstart_notebook_executes(tmp_path, monkeypatch):
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the plots rendered
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_official_checkpoint_notebook_is_valid_and_skips_without_files(tmp_path):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

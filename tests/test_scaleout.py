@@ -128,6 +128,7 @@ def test_resume_skips_finished_indices_and_refuses_another_run(tiny_pipeline, tm
     assert r.returncode == 2 and "another run" in r.stderr and "options" in r.stderr
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_hydra_multirun_sweeps_samplers(tiny_pipeline, tmp_path):
     out = tmp_path / "sweep"
     r = vgen(["sample", "-m", "sampler=ar,sjd", f"model.path={tiny_pipeline}", "num_samples=2",
