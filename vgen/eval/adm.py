@@ -62,7 +62,7 @@ class ImageSource:
     Everything is checked on construction (count, shape, dtype), before any feature is computed."""
 
     def __init__(self, source, what: str = "samples"):
-        from vgen.eval.metrics import REFERENCES, list_images, load_images
+        from vgen.eval.metrics import REFERENCES, check_image_files, list_images, load_images
         self.what, self.source = what, source
         self._files = self._images = self._npz = None
         self.stats = None
@@ -77,7 +77,7 @@ class ImageSource:
                 self._files = list_images(p, what)
                 if not self._files:
                     raise VGenError(f"{what}: no images (.png, .jpg, ...) in folder {p}")
-                self._check_sizes()
+                check_image_files(self._files, what)
             elif p.is_file() and p.suffix == ".npz":
                 from vgen.eval.npz import NpzArray, npz_keys, read_stats
                 self.kind = "npz"
@@ -98,20 +98,6 @@ class ImageSource:
             self._images, _ = load_images(source, what)
             self.kind, self.name = "array", f"array{tuple(self._images.shape)}"
 
-    def _check_sizes(self) -> None:
-        from PIL import Image, UnidentifiedImageError
-        sizes = set()
-        for f in self._files:
-            try:
-                with Image.open(f) as im:
-                    sizes.add(im.size)
-            except (UnidentifiedImageError, OSError) as e:
-                raise VGenError(f"{self.what}: {f} is not a readable image ({str(e).splitlines()[0]}): remove or "
-                                "replace it") from None
-        if len(sizes) > 1:
-            raise VGenError(f"{self.what}: images in {self._files[0].parent} differ in size ({sorted(sizes)[:3]}...):"
-                            " resize them to one size first")
-
     def __len__(self) -> int:
         if self._files is not None:
             return len(self._files)
@@ -130,7 +116,7 @@ class ImageSource:
                 yield read_pngs(self._files[i:i + n])
         elif self._npz is not None:
             for b in self._npz.batches(n):
-                yield torch.from_numpy(b.copy()).permute(0, 3, 1, 2).contiguous()
+                yield torch.from_numpy(b).permute(0, 3, 1, 2).contiguous()
         elif self._images is not None:
             for i in range(0, len(self._images), n):
                 yield self._images[i:i + n]
@@ -145,9 +131,8 @@ class ImageSource:
                 h.update(f.name.encode())
                 h.update(f.read_bytes())
         elif self.kind == "npz":
-            with open(self.source, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+            from vgen.eval.extractors import file_digest
+            return "data-" + file_digest(self.source)
         else:
             h.update(self._images.numpy().tobytes())
         return "data-" + h.hexdigest()[:16]

@@ -13,12 +13,10 @@ first 16). Reference features are computed once and cached on disk (``$VGEN_CACH
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
 import os
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -124,25 +122,18 @@ def _from_array(x, what: str) -> torch.Tensor:
 
 
 def frechet_distance(f1: np.ndarray, f2: np.ndarray) -> float:
-    """Fréchet distance between the Gaussians fitted to two feature sets (N, D): clean-fid's
-    ``frechet_distance`` (scipy ``sqrtm``), the one vgen's clean-fid FID uses, on the statistics StyleGAN-V's
-    FVD and cd-fvd use: float64 mean and population covariance (divided by N, not N - 1)."""
-    from cleanfid.fid import frechet_distance as _fd
-    from scipy.linalg import LinAlgWarning
+    """Fréchet distance between the Gaussians fitted to two feature sets (N, D), on the statistics StyleGAN-V's FVD
+    and cd-fvd use (float64 mean and population covariance, divided by N, not N - 1), with vgen's stable distance
+    (:func:`vgen.eval.frechet.frechet_distance`, the one the ADM suite uses)."""
     from threadpoolctl import threadpool_limits
+
+    from vgen.eval.frechet import frechet_distance as fd
     f1, f2 = np.asarray(f1, dtype=np.float64), np.asarray(f2, dtype=np.float64)
-    mu1, s1 = np.mean(f1, axis=0), np.cov(f1, rowvar=False, bias=True)
-    mu2, s2 = np.mean(f2, axis=0), np.cov(f2, rowvar=False, bias=True)
-    # One BLAS thread: a 512x512 sqrtm takes 0.3 s on one core, and threaded OpenBLAS next to other busy
-    # processes spin-waits (measured 11 s on 2 shared cores).
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), threadpool_limits(1, "blas"):
-        warnings.filterwarnings("ignore", message=".*disp.*", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=LinAlgWarning)  # singular covariances: fewer clips than dims
-        try:
-            return float(_fd(mu1, s1, mu2, s2))
-        except ValueError as e:  # "Imaginary component ...": the covariances are too degenerate
-            raise VGenError(f"the Fréchet distance is numerically unstable here ({e}): use more clips per "
-                            "set") from None
+    # One BLAS thread: threaded OpenBLAS next to other busy processes spin-waits (a 512x512 sqrtm took 11 s on 2
+    # shared cores instead of 0.3 s on one)
+    with threadpool_limits(1, "blas"):
+        return fd(f1.mean(axis=0), np.cov(f1, rowvar=False, bias=True), f2.mean(axis=0),
+                  np.cov(f2, rowvar=False, bias=True))
 
 
 def extract_features(videos: torch.Tensor, extractor: str, net, batch_size: int = 16, device="cpu",

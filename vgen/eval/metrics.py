@@ -89,9 +89,14 @@ def _registered(name: str) -> torch.Tensor:
 
 
 def _read_files(files: list[Path], what: str) -> torch.Tensor:
-    from PIL import Image, UnidentifiedImageError
-
     from vgen.io import read_pngs
+    check_image_files(files, what)
+    return read_pngs(files)
+
+
+def check_image_files(files: list[Path], what: str) -> None:
+    """Every file a readable image and all of one size: a one-line error naming the file otherwise."""
+    from PIL import Image, UnidentifiedImageError
     sizes = set()
     for f in files:
         try:
@@ -104,7 +109,6 @@ def _read_files(files: list[Path], what: str) -> torch.Tensor:
     if len(sizes) > 1:
         raise VGenError(f"{what}: images in {files[0].parent} differ in size ({sorted(sizes)[:3]}...): "
                         "resize them to one size first")
-    return read_pngs(files)
 
 
 def _from_array(x, what: str, nhwc: bool) -> torch.Tensor:

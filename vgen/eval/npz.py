@@ -76,7 +76,7 @@ class NpzArray:
                         raise VGenError(f"{self.what}: {self.path}:{self.key} ends after {start + len(buf) // row} "
                                         f"of {len(self)} rows: the file is truncated, write it again")
                     buf += chunk
-                yield np.frombuffer(bytes(buf), dtype=self.dtype).reshape((k, *self.shape[1:]))
+                yield np.frombuffer(buf, dtype=self.dtype).reshape((k, *self.shape[1:]))  # writable: no copy
 
     def read(self) -> np.ndarray:
         """The whole array (for small ones: statistics, labels)."""
