@@ -8,7 +8,8 @@ The network sees exactly 16 frames (``fit_frames``).
 
 ``photo``: FVD-photo. A torchvision ``r3d_18`` (random init, no download; the zoo's keeps its first three residual
 stages: 32x32 frames are 4x4 there, and the file stays small) that ``vgen train recipe=video-classifier`` trains on
-the embedded clips to tell the 16 photographs and the 4 camera motions apart; the zoo ships it
+the embedded clips to tell the 16 photographs and the 4 camera motions apart and frames in order from shuffled ones;
+the zoo ships it
 (``vgen/zoo/video-classifier``). Its pooled features (256-d with three stages) give FVD-photo.
 
 Both take uint8 clips (N, T, 3, H, W) of any size and length.
@@ -61,14 +62,15 @@ def state_digest(module: nn.Module, n: int = 12) -> str:
 # ---------------------------------------------------------------- FVD-photo: the video classifier
 class VideoClassifier(nn.Module):
     """A torchvision video ResNet (``r3d_18`` by default, random init; its first ``stages`` residual stages, pooled
-    features of 64 * 2**(stages-1) dims; ``differences``: the stem also sees frame differences) with two heads on its
-    pooled features: the photograph (``num_classes``) and the camera motion (``num_motions``: still, pan, zoom-in,
-    zoom-out). ``forward(uint8 or 0..255 float clips (B, T, 3, H, W)) -> (features, class_logits,
+    features of 64 * 2**(stages-1) dims; ``differences``: the stem also sees frame differences) with heads on its
+    pooled features: the photograph (``num_classes``), the camera motion (``num_motions``: still, pan, zoom-in,
+    zoom-out) and, with ``order``, whether the frames are in their order or shuffled in time (``order_head``, 2
+    logits: ordered, shuffled). ``forward(uint8 or 0..255 float clips (B, T, 3, H, W)) -> (features, class_logits,
     motion_logits)``; clips are fitted to ``frames`` frames (``fit_frames``) and their frames resized
     (antialiased bilinear) to ``image_size`` when they differ."""
 
     def __init__(self, arch: str = "r3d_18", num_classes: int = 16, num_motions: int = 4, frames: int = 8,
-                 image_size: int = 32, stages: int = 4, differences: bool = False):
+                 image_size: int = 32, stages: int = 4, differences: bool = False, order: bool = False):
         super().__init__()
         import torchvision.models.video as tvv
         if arch not in VIDEO_ARCHS:
@@ -87,12 +89,15 @@ class VideoClassifier(nn.Module):
         self.net.fc = nn.Identity()
         self.class_head = nn.Linear(self.num_features, num_classes)
         self.motion_head = nn.Linear(self.num_features, num_motions)
+        self.order = order
+        if order:  # ordered vs shuffled frames: makes the pooled features see the order of time, not only motion
+            self.order_head = nn.Linear(self.num_features, 2)
 
     @property
     def config(self) -> dict:
         return {"arch": self.arch, "num_classes": self.num_classes, "num_motions": self.num_motions,
                 "frames": self.frames, "image_size": self.image_size, "stages": self.stages,
-                "differences": self.differences}
+                "differences": self.differences, "order": self.order}
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 5 or x.shape[2] != 3:
