@@ -154,13 +154,16 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path):
-    r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window=1"]', f"outdir={tmp_path}"], tmp_path)
-    assert r.returncode == 2 and "window must be auto or a whole number >= 2" in r.stderr
-    r = run(["bench", f"models=[{tiny_pipeline}]", 'samplers=["sjd:window"]', f"outdir={tmp_path}"], tmp_path)
-    assert r.returncode == 2 and "name:key=value" in r.stderr
-    r = run(["bench", f"models=[{tiny_pipeline}]", "fid_samples=1", f"outdir={tmp_path}"], tmp_path)
-    assert r.returncode == 2 and "fid_samples must be 0 (off) or >= 2" in r.stderr
+def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path, capsys, monkeypatch):
+    from vgen.cli import main  # in process: test_bad_input_in_a_real_process covers the process boundary
+    monkeypatch.chdir(tmp_path)
+    for args, msg in (('samplers=["sjd:window=1"]', "window must be auto or a whole number >= 2"),
+                      ('samplers=["sjd:window"]', "name:key=value"),
+                      ("fid_samples=1", "fid_samples must be 0 (off) or >= 2")):
+        with pytest.raises(SystemExit) as e:
+            main(["bench", f"models=[{tiny_pipeline}]", args, f"outdir={tmp_path}"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and msg in err, err
 
 
 def test_bad_input_in_a_real_process(tiny_pipeline, tmp_path):

@@ -61,6 +61,28 @@ def test_race_includes_scd_whose_image_is_ar_gumbel(demo):
     assert torch.equal(scd["image"], ref.images[0])  # coupled drafts: AR's Gumbel-drawn image
 
 
+def test_ticked_samplers_include_eagle_only_with_a_draft_head():
+    from vgen.demo import ticked
+    fits = ["ar", "sjd", "gsd", "lantern", "scd", "eagle", "zipar"]
+    assert ticked({"drafter": "drafter.safetensors"}, fits) == ["ar", "sjd", "scd", "eagle"]
+    assert ticked({}, fits) == ["ar", "sjd", "scd"]
+    assert ticked(None, ["var", "scalekv"]) == ["var"]
+
+
+@needs_zoo("photos-gpt")
+@pytest.mark.slow
+def test_race_with_the_shipped_draft_head(demo):
+    import vgen
+    if "drafter" not in vgen.load_pipeline("photos-gpt").card:
+        pytest.skip("photos-gpt ships no draft head")
+    res = demo.race("photos-gpt", None, "3: cat", 5, ["eagle"], {"window": 3, "top_k": 50})
+    assert [r["sampler"] for r in res] == ["ar", "eagle"]
+    eagle = res[1]
+    assert eagle["forward_passes"] < 256 and eagle["options"]["window"] == 3
+    ref = vgen.load_pipeline("photos-gpt").generate([3], sampler="eagle", seed=5, window=3, top_k=50)
+    assert torch.equal(eagle["image"], ref.images[0])
+
+
 def test_heatmap_shows_the_decode_step(demo):
     from vgen.demo import step_heatmap
     m = step_heatmap(torch.arange(16), (4, 4), size=64)

@@ -30,8 +30,9 @@ def test_zoo_nar_generate_31_passes_seeded_and_batch_invariant(pipe):
 
 @pytest.mark.slow
 def test_zoo_nar_is_class_conditional(pipe):
-    """Held-out token grids are most likely under their own class far more often than chance (1/16)."""
-    data = photos("test", 2 * NUM_CLASSES, seed=123)
+    """Held-out token grids are most likely under their own class far more often than chance (1/16): one
+    per class (14/16 at seeds 123 and 7; 8 or more of 16 by chance has probability ~1e-6)."""
+    data = photos("test", NUM_CLASSES, seed=123)
     with torch.no_grad():
         codes = pipe.tokenizer.encode_to_codes(to_model_range(data.images)).long()
         n = codes.shape[0]

@@ -18,7 +18,7 @@ COMMANDS = {
             "reference=<name | dir | ADM .npz>` (FID, sFID, IS, Precision, Recall, KID)",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",
-    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier), resumable",
+    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier|kl|car|car-draft|mar|drafter), resumable",
 }
 
 
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
 
     rest = [_as_set(o) for o in rest]
+    if command == "train":  # `vgen train recipe=drafter model=photos-gpt`: the recipe's target pipeline
+        rest = [f"recipe.{o}" if o.startswith("model=") else o for o in rest]
     try:
         _precheck(rest, command)
     except VGenError as e:

@@ -28,7 +28,14 @@ from vgen.errors import VGenError
 
 LOCAL = "local folder..."
 HIDDEN_WIDGETS = ("compile", "kv_calibration")  # set by the card / the CLI, not in a browser
-RACED = ("ar", "sjd", "scd")  # ticked when a model is chosen (those that fit it): SJD and its coupled drafts vs AR
+RACED = ("ar", "sjd", "scd", "eagle")  # ticked when a model is chosen (those that fit it): AR, SJD, its coupled
+# drafts and the trained draft head (eagle: where the card ships one)
+
+
+def ticked(card: dict | None, fits: list[str]) -> list[str]:
+    """The samplers ticked when a model is chosen: those of RACED that fit it (eagle only where its card lists a
+    draft head), else its first fitting sampler."""
+    return [x for x in RACED if x in fits and (x != "eagle" or (card or {}).get("drafter"))] or fits[:1]
 
 
 class Demo:
@@ -230,11 +237,17 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     names = demo.class_names(start)
     samplers = list_samplers()
 
-    def fitting(name):
+    def card_of(name):
         from vgen.pipeline import read_card
         try:
-            return fitting_samplers(read_card(name))
+            return read_card(name)
         except VGenError:
+            return None
+
+    def fitting(name):
+        try:
+            return fitting_samplers(card_of(name))
+        except (VGenError, TypeError, KeyError):
             return samplers
 
     default_fits = fitting(start)
@@ -245,7 +258,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
             n, fits = demo.class_names(name), fitting(name)
         except VGenError:
             n, fits = (names if model != LOCAL else []), samplers
-        value = [x for x in RACED if x in fits] or fits[:1]
+        value = ticked(card_of(name) if fits is not samplers else None, fits)
         return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None), \
             gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value)
 
@@ -279,8 +292,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                                     placeholder="a folder with pipeline.json inside the served directories")
                 cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}", label="class")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
-                chosen = gr.CheckboxGroup(default_fits, value=[x for x in RACED if x in default_fits]
-                                          or default_fits[:1],
+                chosen = gr.CheckboxGroup(default_fits, value=ticked(card_of(start), default_fits),
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
                 with gr.Accordion("options (blank: the model card's value)", open=False):
                     widgets = [option_widget(f) for f in fields.values()]

@@ -92,6 +92,25 @@ class NextTokenModel(GenerativeModel, Protocol):
 
 
 @runtime_checkable
+class FeatureModel(NextTokenModel, Protocol):
+    """A next-token model that also returns its last hidden states (before the final norm): what a trained draft
+    head (EAGLE, :mod:`vgen.models.drafter`) reads. The drafter also uses ``tok_embeddings``, ``positions`` and
+    ``head``."""
+    tok_embeddings: torch.nn.Module
+
+    def prefill_features(self, cond: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill`` plus the hidden state after the condition: (logits (B, V), hidden (B, d))."""
+
+    def decode_features(self, tokens: torch.Tensor, input_pos: torch.Tensor,
+                        cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode`` plus the hidden states: (logits (B, S, V), hidden (B, S, d))."""
+
+    def positions(self, h: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def head(self, h: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
 class NextNeighbourModel(GenerativeModel, Protocol):
     """Next-neighbour prediction (NAR): each head predicts one neighbour, one step along one grid axis."""
     vocab_size: int

@@ -18,7 +18,7 @@ import torch
 
 from vgen import validate
 from vgen.errors import VGenError
-from vgen.interfaces import check_fits, plain_sampler
+from vgen.interfaces import ModelSpec, check_fits, plain_sampler
 
 ZOO_DIR = Path(__file__).parent / "zoo"
 
@@ -91,9 +91,28 @@ def resolve_sampler(card: dict, sampler: str, **options):
     given = sampler_class(sampler, card).Options.normalize({k: v for k, v in options.items() if v is not None})
     s = get_sampler(sampler, card, **{**card_sampling_defaults(card, sampler), **given})
     s.validate(card)
-    if s.needs_draft:
+    if s.needs_draft and s.draft_kind == "head":
+        drafter_path(card, s.options.drafter)
+    elif s.needs_draft:
         check_draft_card(card, s.options.draft or card.get("draft", ""))
     return s
+
+
+def drafter_path(card: dict, path: str = "") -> Path:
+    """The draft head a ``draft_kind="head"`` sampler (eagle) uses: ``path``, or the file the card lists next to the
+    pipeline (``"drafter"``); a one-line error saying how to make one when there is none."""
+    name = ModelSpec.from_card(card).name
+    if path:
+        p = Path(path).expanduser()
+    elif card.get("drafter") and card.get("_folder"):
+        p = Path(card["_folder"]) / card["drafter"]
+    else:
+        raise VGenError(f"{name} ships no draft head: train one with `vgen train recipe=drafter recipe.model={name} "
+                        "recipe.install=true`, or pass drafter=<drafter.safetensors>")
+    if not p.is_file():
+        raise VGenError(f"draft head {p} does not exist: train one with `vgen train recipe=drafter "
+                        f"recipe.model={name}` and pass the drafter.safetensors it writes")
+    return p
 
 
 def _sha256(path: Path) -> str:
@@ -104,7 +123,6 @@ def _sha256(path: Path) -> str:
 def check_draft_card(card: dict, draft: str) -> None:
     """A draft must make the target's tokens: the same tokenizer (file contents), token grid, token type and
     classes. Checked from the two cards, before any weights load."""
-    from vgen.interfaces import ModelSpec
     if not draft:
         raise VGenError(f"{ModelSpec.from_card(card).name} names no draft model: pass draft=<zoo name or folder>")
     dcard = read_card(draft)
@@ -259,6 +277,18 @@ class Pipeline:
         finally:
             torch.set_num_threads(threads)
 
+    def draft_for(self, sampler):
+        """What ``sampler`` drafts with: a draft model (cspd) or a draft head (eagle), loaded once and kept."""
+        if sampler.draft_kind == "head":
+            path = drafter_path(self.card, sampler.options.drafter)
+            heads = self.__dict__.setdefault("_heads", {})
+            if str(path) not in heads:
+                from vgen.models.drafter import load_drafter
+                heads[str(path)] = load_drafter(path, device=self.device)
+                heads[str(path)].check_target(self.model, f"draft head {path}")
+            return heads[str(path)]
+        return self.draft_model(sampler.options.draft)
+
     def draft_model(self, name: str = ""):
         """The draft model a speculative sampler runs next to this one: ``name`` (a zoo name or pipeline folder;
         '' = the card's ``draft``), loaded once and kept."""
@@ -308,7 +338,7 @@ class Pipeline:
         s = s.resolved(self.model, n, batch_size or n)  # compile=auto decided here, so stats say what ran
         t0 = time.perf_counter()
         codebook = self.tokenizer.codebook() if s.needs_codebook else None
-        draft = self.draft_model(s.options.draft) if s.needs_draft else None
+        draft = self.draft_for(s) if s.needs_draft else None
         tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,
                           codebook=codebook, batch_size=batch_size, prefix=prefix, draft=draft)
         tokens = tokens.cpu()

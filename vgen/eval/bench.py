@@ -167,7 +167,7 @@ def run(p: Plan) -> tuple[dict, dict]:
         name, o = p.sampler_options(v, m)
         sampler = pipe.make_sampler(name, **o)
         codebook = pipe.tokenizer.codebook() if sampler.needs_codebook else None
-        draft = pipe.draft_model(sampler.options.draft) if sampler.needs_draft else None
+        draft = pipe.draft_for(sampler) if sampler.needs_draft else None
         cond = torch.tensor([i % pipe.num_classes for i in range(n)], device=pipe.device)
         t0 = time.perf_counter()
         _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b,

@@ -318,6 +318,19 @@ class GPT(nn.Module):
         cls_token_num + i). ``logits[:, j]`` is the next-token distribution after ``tokens[:, j]``."""
         return self.head(self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask))
 
+    def prefill_features(self, cond: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill`` plus the last hidden state (before the final norm) after the condition: what a draft head
+        reads (:mod:`vgen.models.drafter`)."""
+        h = self.embed_cond(cond)
+        h = self.run_layers(h, torch.arange(h.shape[1], device=h.device), cache)[:, -1]
+        return self.head(h), h
+
+    def decode_features(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
+                        attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode`` plus the hidden states (B, S, d) before the final norm."""
+        h = self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask)
+        return self.head(h), h
+
     def forward(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
         """Teacher forcing: tokens (B, L) -> logits (B, L, V), ``logits[:, i]`` predicts ``tokens[:, i]``."""
         c = self.embed_cond(cond)

@@ -179,6 +179,7 @@ class Sampler:
     hidden: bool = False
     needs_codebook: bool = False
     needs_draft: bool = False
+    draft_kind: str = "model"  # what a needs_draft sampler drafts with: "model" (a pipeline) or "head" (a draft head)
     prefix: bool = False
 
     def __init__(self, **options):

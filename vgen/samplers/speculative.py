@@ -158,6 +158,28 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     return f, F.one_hot(f, V).to(p_last.dtype) if with_q else None
 
 
+def verify(p, qwin, x, inside, mine, ua, ur, rule, rule_args: tuple = (), rule_kw: dict | None = None):
+    """The verification every speculative rule shares, vectorised over the batch: target distributions p
+    (B, W, V) at a window's positions, drafts x (B, W-1) with their draft distributions qwin (B, >= W-1, V),
+    ``inside`` (B, W-1): the draft's position is in the image, ``mine`` (B, W-1): the sample checks this draft (its
+    own width), uniforms ua (B, >= W-1) and ur (B,). The rule gives each draft an acceptance probability (forced to 0
+    where p(x) = 0 or outside); drafts pass left to right until the first rejection, whose token is drawn from
+    norm(max(0, p - q)) (a bonus token from p when every checked draft passed). Returns (drafts accepted k (B,),
+    the token decided at offset k (B,))."""
+    W = p.shape[1]
+    q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
+    if W > 1:
+        pd = p[:, :-1]
+        px = pd.gather(-1, x[..., None]).squeeze(-1)
+        qx = q.gather(-1, x[..., None]).squeeze(-1)
+        a = rule(pd, q, x, px, qx, *rule_args, **(rule_kw or {}))
+        a = torch.where((px > 0) & inside & mine, a, torch.zeros_like(a))
+        k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
+    else:  # a plain AR step: no drafts to check
+        k = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+    return k, correction(p, q, k, ur)
+
+
 def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
               grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float,
               init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict, coupling: str = "independent",
@@ -191,17 +213,7 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
         k = (((x == t[:, :-1]) & (didx < L) & mine).long().cumprod(1).sum(1) if W > 1 else torch.zeros_like(n))
         cand = t  # accepted drafts (equal to t), t at the first mismatch, then the coupled Jacobi drafts
     else:
-        q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
-        if W > 1:
-            pd = p[:, :-1]
-            px = pd.gather(-1, x[..., None]).squeeze(-1)
-            qx = q.gather(-1, x[..., None]).squeeze(-1)
-            a = rule(pd, q, x, px, qx, *rule_args, **rule_kw)
-            a = torch.where((px > 0) & (didx < L) & mine, a, torch.zeros_like(a))
-            k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
-        else:  # a plain AR step: no drafts to check
-            k = torch.zeros_like(n)
-        tok_k = correction(p, q, k, ur[:, 0])
+        k, tok_k = verify(p, qwin, x, didx < L, mine, ua, ur[:, 0], rule, rule_args, rule_kw)
         kk = k[:, None]
         if W > 1:
             y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
@@ -250,7 +262,7 @@ def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
     return best_width(costs, 1.0, max(costs) + 1, batch) > 1
 
 
-def _width_table(file: str, ident: list):
+def width_table(file: str, ident: list):
     """A per-width table cached in ``$VGEN_CACHE/<file>`` under the hash of ``ident``: (path, the whole file, this
     table's key, its known {width: value})."""
     import hashlib
@@ -294,7 +306,7 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     o = sampler.options
     settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
     w0 = next(model.parameters())
-    path, table, name, known = _width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
+    path, table, name, known = width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
                                                                  settings, CALIBRATION_SAMPLES, "spread"])
     missing = [w for w in widths if w not in known]
     if missing:
@@ -343,7 +355,7 @@ def pass_costs(model, step, kw: dict, widths: list[int], key: tuple, batch: int 
     S = batch
     from vgen.io import atomic_write_json
     w0 = next(model.parameters())
-    path, table, name, known = _width_table("pass_costs.json", [
+    path, table, name, known = width_table("pass_costs.json", [
         model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(), torch.__version__,
         [str(k) for k in key], kw["cfg"], kw["D"]])
     if all(w in known for w in widths):
@@ -402,6 +414,37 @@ class SpeculativeSampler(Sampler):
     def rule_inputs(self, model, codebook) -> tuple[tuple, dict]:
         return (), {}
 
+    # Where the drafts come from. By default the model drafts for itself (Jacobi iteration, ``init`` for new
+    # positions) and the pass is :func:`spec_step`; a sampler with another draft source (a trained draft head,
+    # :mod:`vgen.samplers.eagle`) overrides these: ``step_fn`` (same signature and state as spec_step), the extra
+    # keyword arguments it takes (``step_kwargs``), the prefill passes (which may also return the target's hidden
+    # states) and the drafts after a prefill.
+    step_fn = staticmethod(spec_step)
+
+    def step_kwargs(self, model, rows: int) -> dict:
+        """Extra keyword arguments of ``step_fn`` for a run with ``rows`` cache rows."""
+        return {}
+
+    def prefill_pass(self, model, cond_in, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The condition's pass: (logits (rows, 1, V) for the first token, hidden states or None)."""
+        return model.prefill(cond_in, cache)[:, None], None
+
+    def decode_pass(self, model, x, pos, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A prefix's pass: (logits (rows, P, V), hidden states or None)."""
+        return model.decode(x, pos, cache), None
+
+    def first_drafts(self, model, tokens, first, p0, uf, feats, refilled, kw) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts (S, D) and their distributions (S, D, V) after a prefill: ``tokens`` hold the first drawn token at
+        ``first`` (S,), p0 (S, V) its distribution, uf (S, D) uniforms; ``feats``: the prefill passes' hidden
+        states; only the ``refilled`` rows are kept."""
+        o = self.options
+        f, q = fresh_drafts(tokens, first, p0, uf, init=o.init, fresh_q=o.fresh_q, grid=tuple(model.token_shape))
+        if o.coupling == "gumbel" and o.init == "sample":
+            D = uf.shape[1]
+            P = int(first[0])
+            f = gumbel_draw(p0[:, None].expand(-1, D, -1), kw["gkeys"][:, P + 1:P + 1 + D])
+        return f, q
+
     def _plain_ar(self, model, cond, seeds, progress, batch_size, prefix):
         """window=auto where speculation cannot pay: the plain AR sampler with these sampling options (the same
         distribution, exactly; for gsd / lantern, AR's instead of their relaxed one), at AR's speed."""
@@ -431,11 +474,13 @@ class SpeculativeSampler(Sampler):
         cfg = o.guided
         kw = dict(L=L, D=D, grid=grid, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
                   temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, init=o.init, fresh_q=o.fresh_q,
-                  rule=type(self).rule, rule_args=rule_args, rule_kw=rule_kw, coupling=o.coupling)
+                  rule=self.rule, rule_args=rule_args, rule_kw=rule_kw, coupling=o.coupling)
         gumbel = o.coupling == "gumbel"
         if gumbel:  # each slot's sample's position keys (refilled with the slot)
             kw["gkeys"] = torch.zeros((S, L + 2 * Wmax), dtype=torch.long, device=dev)
-        step = compiled(spec_step) if o.compile else spec_step
+        kw.update(self.step_kwargs(model, 2 * S if cfg else S))
+        step_fn = type(self).step_fn
+        step = compiled(step_fn) if o.compile else step_fn
         costs = None
         if adaptive:
             samples, job_batch = job_shape(N, batch_size)  # the job's batch: one table for all its calls
@@ -490,7 +535,7 @@ class SpeculativeSampler(Sampler):
             cond_in = torch.cat([slot_cond, model.null_cond(slot_cond)]) if cfg else slot_cond
             first = torch.full((S,), P, dtype=torch.long, device=dev)  # the first token to draw
             cache.limit(model.cond_len if o.prefix_attention else None)
-            logits = model.prefill(cond_in, cache)[:, None]
+            logits, feats = self.prefill_pass(model, cond_in, cache)
             prefills += 1
             t_new = tokens.clone()
             if P:  # feed the given tokens in one more pass (every row: the others recompute their own)
@@ -498,7 +543,10 @@ class SpeculativeSampler(Sampler):
                     t_new[b, :P] = prefix[owner[b]]
                 x = torch.cat([t_new[:, :P], t_new[:, :P]]) if cfg else t_new[:, :P]
                 cache.limit(model.cond_len + P if o.prefix_attention else None)
-                logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + P, device=dev), cache)[:, -1:]
+                logits, more = self.decode_pass(model, x, torch.arange(model.cond_len, model.cond_len + P, device=dev),
+                                                cache)
+                logits = logits[:, -1:]
+                feats = None if feats is None else torch.cat([feats, more], 1)
                 prefills += 1
             p0 = window_target(logits, first[:, None], cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k,
                                o.top_p)[:, 0]
@@ -507,9 +555,9 @@ class SpeculativeSampler(Sampler):
                 t_new[:, P] = gumbel_draw(p0, kw["gkeys"][:, P])
             else:
                 t_new[:, P] = sample_from_probs(p0, ur[:, 0])
-            f, q_new = fresh_drafts(t_new, first, p0, uf, init=o.init, fresh_q=o.fresh_q, grid=grid)
-            if gumbel and o.init == "sample":
-                f = gumbel_draw(p0[:, None].expand(-1, D, -1), kw["gkeys"][:, P + 1:P + 1 + D])
+            refilled = torch.zeros(S, dtype=torch.bool, device=dev)
+            refilled[idx] = True
+            f, q_new = self.first_drafts(model, t_new, first, p0, uf, feats, refilled, kw)
             t_new[:, P + 1:P + 1 + D] = f
             tokens[idx] = t_new[idx]
             logp[idx, :P] = 0.0

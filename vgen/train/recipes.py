@@ -1,5 +1,6 @@
 """Every zoo recipe (importing this registers them all with ``vgen.train.common.recipe``)."""
 from vgen.train.continuous import ContinuousTrainConfig, train_continuous
+from vgen.train.drafter import DrafterTrainConfig, train_drafter
 from vgen.train.gpt import GPTTrainConfig, train_gpt
 from vgen.train.kl import KLTrainConfig, train_kl
 from vgen.train.msvq import MSVQTrainConfig, train_msvq
@@ -15,3 +16,4 @@ __all__ = ["GPTTrainConfig", "MSVQTrainConfig", "NARTrainConfig", "PhotoTrainCon
 __all__ += ["VideoClassifierTrainConfig", "train_video_classifier"]
 __all__ += ["KLTrainConfig", "train_kl"]
 __all__ += ["ContinuousTrainConfig", "train_continuous"]
+__all__ += ["DrafterTrainConfig", "train_drafter"]

@@ -1,0 +1,131 @@
+"""An EAGLE-style draft head for a next-token GPT (the drafter LANTERN and LANTERN++ speculate with).
+
+One transformer block of the target's own shape reads, at every position, the target's last hidden state (before
+its final norm) and the embedding of the token that follows it, projected from 2d to d, and predicts the target's
+next hidden state; the target's own norm and output head turn that into draft logits. Only ``fc`` and the block
+are the drafter's: the token embedding, positions (RoPE) and output head are read from the target it drafts for,
+so its file is small (one block plus a 2d x d projection) and it cannot drift from the target's vocabulary.
+
+Sequence convention (slot == position, as in the target's static cache): slot s holds the pair
+(f[s-1], x[s]) -- the target's hidden state after token s-1 (after the condition, for s = 0) and token s, at the
+target's position of token s. Its output g[s] approximates f[s], whose logits predict token s+1. Drafting
+chains: g[s] and a drafted token x[s+1] are the pair of slot s+1.
+
+Training (``vgen train recipe=drafter``): teacher forcing on the target's features over real token sequences,
+with both the class and the null (CFG) condition; loss = smooth-L1(g, f) + ``cls_weight`` * cross-entropy against
+the target's next-token distribution (EAGLE's regression + classification)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+import torch
+import torch.nn as nn
+
+from vgen.errors import VGenError
+from vgen.kernels.kv_cache import KVCache
+from vgen.models.gpt import GPTConfig, TransformerBlock
+
+
+class Drafter(nn.Module):
+    """``forward(target, feats (B, S, d), tokens (B, S), input_pos, cache=None) -> hidden (B, S, d)``;
+    ``logits(target, hidden)`` = the target's head on it. ``config`` is the target's GPTConfig (the block copies
+    its width, heads and FFN)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        block_cfg = replace(config, n_layer=1, attn_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0)
+        self.fc = nn.Linear(2 * config.dim, config.dim, bias=True)
+        self.block = TransformerBlock(block_cfg)
+        for m in self.modules():  # the target's init (GPT._init_weights)
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, config.initializer_range)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def check_target(self, target, where: str = "the drafter") -> None:
+        """One-line error unless ``target`` is the kind of model this drafter was trained for."""
+        tc = target.config
+        for k in ("dim", "n_head", "vocab_size", "block_size", "cls_token_num"):
+            if getattr(tc, k) != getattr(self.config, k):
+                raise VGenError(f"{where} was trained for a target with {k}={getattr(self.config, k)}, but this "
+                                f"model has {k}={getattr(tc, k)}: train one with `vgen train recipe=drafter "
+                                "model=<this pipeline>`")
+
+    def forward(self, target, feats: torch.Tensor, tokens: torch.Tensor, input_pos: torch.Tensor,
+                cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.fc(torch.cat([feats.to(self.fc.weight.dtype), target.tok_embeddings(tokens)], dim=-1))
+        x, rope = target.positions(x, input_pos)
+        if cache is not None and attn_mask is None:
+            attn_mask = cache.causal_mask(input_pos)
+        return self.block(x, rope, attn_mask, cache, 0, input_pos)
+
+    @staticmethod
+    def logits(target, hidden: torch.Tensor) -> torch.Tensor:
+        return target.head(hidden)
+
+    def new_cache(self, target, rows: int) -> KVCache:
+        c = self.config
+        w = self.fc.weight
+        return KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len, c.head_dim, w.dtype,
+                       w.device)
+
+    def digest(self, n: int = 16) -> str:
+        """A digest of the head's tensors (cache keys)."""
+        import hashlib
+        h = hashlib.sha256()
+        for k, v in sorted(self.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:n]
+
+    @property
+    def config_json(self) -> str:
+        return json.dumps(asdict(self.config))
+
+
+def target_features(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced hidden states of ``target`` (before its final norm): (B, L, d), row i predicts token i
+    (row 0 is the state after the condition)."""
+    c = target.embed_cond(cond)
+    h = torch.cat([c, target.tok_embeddings(tokens[:, :-1])], dim=1)
+    h = target.run_layers(h, torch.arange(h.shape[1], device=h.device))
+    return h[:, c.shape[1] - 1:]
+
+
+def save_drafter(drafter: Drafter, path, extra: dict | None = None):
+    """The drafter's own tensors (fc + block), fp16, with the target's config in the metadata."""
+    from vgen.io import save_safetensors
+    meta = {"config": drafter.config_json, "kind": "eagle-drafter"}
+    meta.update({k: json.dumps(v) for k, v in (extra or {}).items()})
+    save_safetensors({k: v.half() for k, v in drafter.state_dict().items()}, path, metadata=meta)
+
+
+def load_drafter(path, device="cpu") -> Drafter:
+    """A drafter written by :func:`save_drafter` (``vgen train recipe=drafter``), fp32, eval mode."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+    p = Path(path)
+    if not p.is_file():
+        raise VGenError(f"drafter weights not found at {p}: train them with `vgen train recipe=drafter "
+                        "model=<pipeline>`")
+    try:
+        with safe_open(str(p), "pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise VGenError(f"{p} is not a readable safetensors file ({str(e).splitlines()[0]}): write it with "
+                        "`vgen train recipe=drafter`") from None
+    if meta.get("kind") != "eagle-drafter" or "config" not in meta:
+        raise VGenError(f"{p} is not a vgen drafter (no 'eagle-drafter' metadata): write it with "
+                        "`vgen train recipe=drafter`")
+    with torch.device("meta"):
+        d = Drafter(GPTConfig(**json.loads(meta["config"])))
+    want = d.state_dict()
+    if set(state) != set(want) or any(state[k].shape != want[k].shape for k in want):
+        raise VGenError(f"{p} does not match the drafter its config describes: write it with "
+                        "`vgen train recipe=drafter`")
+    d.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
+    return d.to(device).eval().requires_grad_(False)

@@ -1,0 +1,247 @@
+"""Speculative sampling with a trained draft head (EAGLE; the drafter LANTERN and LANTERN++ use).
+
+Each pass the target verifies ``window - 1`` drafts in one forward pass (the last decided token plus the drafts,
+at every sample's own positions) on the one verification core every speculative sampler shares
+(:func:`vgen.samplers.speculative.verify`), with the rule ``accept`` names:
+
+* ``exact`` (default): min(1, p(x) / q(x)) against the drafter's own distribution q, the residual
+  norm(max(0, p - q)) after a rejection: standard speculative sampling, every token has AR's distribution.
+* ``lantern``: LANTERN's relaxed rule (latent neighbours' mass in the numerator, drift <= ``delta`` per token).
+* ``gsd``: GSD's grouped rule (not lossless).
+
+The drafts come from the draft head (:mod:`vgen.models.drafter`), not from Jacobi iteration: after the target's
+pass the head catches up on the pass's hidden states at the decided positions (one call over the window), then
+proposes a chain of ``window - 1`` tokens, each drawn from its own distribution (guided, filtered and
+temperature-scaled exactly as the target's) with the sample's own uniforms: batch-invariant and seeded like every
+vgen sampler. The drafter's static cache, like the target's, needs no rollback: slot s holds the pair (target state
+after token s-1, token s); slots past the decided prefix are overwritten before any query reads them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vgen.errors import VGenError
+from vgen.interfaces import ModelSpec
+from vgen.kernels.neighbours import latent_neighbours
+from vgen.kernels.sampling import sample_from_probs
+from vgen.kernels.verify import window_target
+from vgen.models.drafter import Drafter
+from vgen.samplers.base import job_shape, option, register_sampler
+from vgen.samplers.gsd import gsd_rule
+from vgen.samplers.lantern import lantern_rule
+from vgen.samplers.sjd import sjd_rule
+from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, verify, width_table
+
+ACCEPT = ("exact", "lantern", "gsd")
+# window=auto leaves AR's loop only for a width timed this much faster (the timing covers the whole loop, so the
+# margin only has to cover timing noise: 5-10% between runs on this machine)
+EAGLE_MARGIN = 1.1
+
+
+@dataclass
+class EagleOptions(SpeculativeOptions):
+    window: int | str = option("auto", "tokens per forward pass: the last decided one plus window-1 drafts from "
+                               "the draft head; auto: the width (or AR's loop) with the most tokens per second, "
+                               "timed once per model, device, settings and the job's batch size")
+    max_window: int = option(4, "window=auto: the widest window it tries")
+    accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
+                         "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
+    drafter: str = option("", "the draft head: a drafter.safetensors file ('' = the one the model card names)")
+    k: int = option(1000, "accept=lantern: latent neighbours per token")
+    delta: float = option(0.1, "accept=lantern: total-variation budget per token")
+    lam: float = option(0.0, "accept=lantern: LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
+    group_size: int = option(25, "accept=gsd: tokens around the draft in the target's ranking")
+    p_threshold: float = option(0.15, "accept=gsd: keep group members with |p(y) - p(x)| below this")
+    d_threshold: float = option(0.5, "accept=gsd: ... and squared codebook distance to the draft below this")
+    couplings = ("independent",)
+
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
+        if not 0.0 <= self.delta <= 1.0:
+            raise VGenError(f"delta must be in [0, 1], got {self.delta}")
+        if self.k < 1 or self.group_size < 1:
+            raise VGenError("k and group_size must be >= 1")
+
+
+def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, live, sampling: dict):
+    """``D = uf.shape[1]`` drafts from the head's state ``g`` (rows, 1, d), which predicts token ``nxt`` (B,):
+    draw token nxt from the head's distribution, feed (g, token) at its slot, and so on. Rows not ``live`` write to
+    a junk slot (the last one: it only ever predicts past the end). Returns drafts (B, D) and their distributions
+    (B, D, V)."""
+    D = uf.shape[1]
+    junk = model.cond_len + L - 1
+    drafts, qs = [], []
+    for j in range(D):
+        q = window_target(model.head(g), (nxt + j)[:, None], cfg, **sampling)[:, 0]
+        d = sample_from_probs(q, uf[:, j])
+        drafts.append(d)
+        qs.append(q)
+        if j < D - 1:
+            pos = torch.where(live & (nxt + j < L), model.cond_len + nxt + j, junk)[:, None]
+            x = d[:, None]
+            if cfg:
+                x, pos = torch.cat([x, x]), torch.cat([pos, pos])
+            g = drafter(model, g, x, pos, dcache)
+    return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+
+def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
+               grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
+               top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
+               coupling: str = "independent", gkeys=None, drafter: Drafter | None = None, dcache=None):
+    """One target pass of width W + verification + the head's next drafts; the state is spec_step's (tokens[b,
+    :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b])."""
+    sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
+                    top_p=top_p)
+    ar = torch.arange(W, device=n.device)
+    widx = n[:, None] + ar
+    idx = widx - 1  # the last decided token, then the drafts
+    inp = tokens.gather(1, idx)
+    pos = model.cond_len + idx.clamp_max(L - 1)
+    if cfg:
+        inp, pos = torch.cat([inp, inp]), torch.cat([pos, pos])
+    logits, h = model.decode_features(inp, pos, cache)
+    p = window_target(logits, widx, cfg, **sampling)  # (B, W, V)
+    ua, ur, _, uf = u.split([D, 1, D + 1, D], dim=1)
+    didx = widx[:, :-1]
+    x = tokens.gather(1, didx)
+    mine = ar[:-1] < (wv - 1)[:, None]
+    k, tok_k = verify(p, qwin, x, didx < L, mine, ua, ur[:, 0], rule, rule_args, rule_kw)
+    kk = k[:, None]
+    cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), tok_k[:, None])  # past k: rewritten below
+    lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
+    tokens = tokens.scatter(1, widx, cand)
+    logp = logp.scatter(1, widx, lp)
+    smap = smap.scatter(1, widx, it.expand_as(widx))
+
+    # the head catches up on this pass: slot n+j gets (target state after token n+j-1, token n+j), j = 0..W-1
+    dpos = model.cond_len + widx.clamp_max(L - 1)
+    if cfg:
+        cand, dpos = torch.cat([cand, cand]), torch.cat([dpos, dpos])
+    dcache.limit(None)
+    g = drafter(model, h, cand, dpos, dcache)
+    kr = torch.cat([kk, kk]) if cfg else kk
+    g = g.gather(1, kr[..., None].expand(-1, 1, g.shape[-1]))  # the state after the decided token n+k
+    nxt = n + k + 1
+    active = n < L
+    f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, active, sampling)
+    tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
+
+    left = L - n
+    emitted = torch.where(active, torch.minimum(k + 1, left), 0)
+    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), wv - 1), 0)
+    accepted = torch.where(active, torch.minimum(k, left), 0)
+    counts = counts + torch.stack([active.long(), checked, accepted], 1)
+    return tokens, n + emitted, qwin, logp, smap, counts
+
+
+@register_sampler
+class EagleSampler(SpeculativeSampler):
+    """``sampler=eagle``: a trained draft head proposes, the target verifies (exact by default)."""
+    name = "eagle"
+    Options = EagleOptions
+    needs_draft = True
+    draft_kind = "head"
+    step_fn = staticmethod(eagle_step)
+
+    @property
+    def needs_codebook(self) -> bool:
+        return self.options.accept in ("lantern", "gsd")
+
+    @property
+    def rule(self):
+        return {"exact": sjd_rule, "lantern": lantern_rule, "gsd": gsd_rule}[self.options.accept]
+
+    def rule_inputs(self, model, codebook):
+        o = self.options
+        if o.accept == "lantern":
+            return (latent_neighbours(codebook, o.k),), dict(delta=o.delta, lam=o.lam)
+        if o.accept == "gsd":
+            return (codebook.float(),), dict(group_size=o.group_size, p_threshold=o.p_threshold,
+                                             d_threshold=o.d_threshold)
+        return (), {}
+
+    def check_draft(self, model, draft):
+        if not isinstance(draft, Drafter):
+            raise VGenError("sampler 'eagle' needs a draft head: pass drafter=<drafter.safetensors> (a Pipeline loads "
+                            "the one its card names; train one with `vgen train recipe=drafter`)")
+        draft.check_target(model)
+        return draft
+
+    def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
+        if self.options.window == "auto":  # one width for the job, or AR's loop where no width pays
+            samples, job_batch = job_shape(cond.shape[0], batch_size)
+            w = self.job_window(model, draft, min(samples, job_batch), codebook)
+            if w == 1:
+                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
+            return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix,
+                                      draft=draft)
+        self._drafter = draft
+        try:
+            return super()._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
+        finally:
+            self._drafter = None
+
+    def job_window(self, model, draft, batch: int, codebook=None) -> int:
+        """window=auto: tokens per second of AR's loop and of every window 2..max_window, timed once on
+        ``CALIBRATION_SAMPLES`` samples of fixed classes and seeds at the job's batch size (the whole loop: target
+        pass, verification, the head's catch-up and chain, host work), cached in ``$VGEN_CACHE/eagle_speed.json``
+        per model, head, device, threads and settings; the fastest, if it beats AR by ``EAGLE_MARGIN``, else 1."""
+        import dataclasses
+        import time
+
+        from vgen.io import atomic_write_json
+        from vgen.samplers.speculative import CALIBRATION_SAMPLES
+        o = self.options
+        settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+        w0 = next(model.parameters())
+        widths = list(range(2, o.max_window + 1))
+        path, table, name, known = width_table("eagle_speed.json", [
+            model.config_dict(), draft.digest(), str(w0.dtype), w0.device.type, torch.get_num_threads(),
+            torch.__version__, settings, batch])
+        if not all(w in known for w in [1] + widths):
+            k = max(CALIBRATION_SAMPLES, batch)
+            cond = torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=w0.device)
+            seeds = [2 ** 62 + i for i in range(k)]
+            runs = [(1, lambda: self._plain_ar(model, cond, seeds, False, batch, None))] + [
+                (w, lambda w=w: self.fixed(w)._run(model, cond, seeds, False, batch, codebook=codebook, draft=draft))
+                for w in widths]
+            for w, run in runs:
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    run()
+                    known[w] = k * model.seq_len / (time.perf_counter() - t0)
+            table[name] = {str(w): v for w, v in sorted(known.items())}
+            atomic_write_json(path, table)
+        best = max(widths, key=lambda w: known[w])
+        return best if known[best] >= EAGLE_MARGIN * known[1] else 1
+
+    def step_kwargs(self, model, rows: int) -> dict:
+        return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows)}
+
+    def prefill_pass(self, model, cond_in, cache):
+        logits, h = model.prefill_features(cond_in, cache)
+        return logits[:, None], h[:, None]
+
+    def decode_pass(self, model, x, pos, cache):
+        return model.decode_features(x, pos, cache)
+
+    def first_drafts(self, model, tokens, first, p0, uf, feats, refilled, kw):
+        """The head catches up on slots 0..P of the refilled rows (the prefill's hidden states and the given and
+        first tokens), then drafts; the other rows write to the junk slot."""
+        o = self.options
+        L, P = model.seq_len, int(first[0])
+        cfg = feats.shape[0] == 2 * tokens.shape[0]
+        drafter, dcache = kw["drafter"], kw["dcache"]
+        pos = model.cond_len + torch.arange(P + 1, device=tokens.device).expand(tokens.shape[0], -1)
+        pos = torch.where(refilled[:, None], pos, model.cond_len + L - 1)
+        x = tokens[:, :P + 1]
+        if cfg:
+            x, pos = torch.cat([x, x]), torch.cat([pos, pos])
+        dcache.limit(None)
+        g = drafter(model, feats, x, pos, dcache)[:, -1:]
+        sampling = dict(cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval, temperature=o.temperature,
+                        top_k=o.top_k, top_p=o.top_p)
+        return draft_chain(model, drafter, dcache, g, first + 1, uf, L, cfg, refilled, sampling)

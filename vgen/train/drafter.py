@@ -1,0 +1,212 @@
+"""Recipe: an EAGLE-style draft head (:mod:`vgen.models.drafter`) for a next-token GPT pipeline.
+
+The target is frozen. Its hidden states over real token sequences are computed once, for the class and for the
+null (CFG) condition, and cached in the run folder (``features_train.pt``, fp16); training then runs the one-block
+drafter on them with teacher forcing: smooth-L1 to the target's next hidden state plus ``cls_weight`` x the
+cross-entropy against the target's next-token distribution, with uniform noise on the input features (EAGLE).
+Token sequences: the pipeline's tokenizer over the embedded photographs, or a folder of cached codes
+(``codes=<folder>`` holding ``codes_train.pt`` / ``codes_test.pt`` as ``{"codes": int (N, L), "labels": (N,)}``,
+e.g. official LlamaGen checkpoints' ImageNet codes). Held-out numbers logged at every checkpoint: the
+one-step acceptance sum_x min(p, q) under the card's guidance, top-k and temperature (what the exact rule accepts
+for a first draft), top-1 agreement, and the losses. Writes ``drafter.safetensors``; ``install=true`` also copies
+it next to the pipeline and lists it in ``pipeline.json``.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vgen.errors import VGenError
+from vgen.io import atomic_write_bytes
+from vgen.kernels.verify import window_target
+from vgen.models.drafter import Drafter, save_drafter, target_features
+from vgen.train.common import RecipeConfig, adamw, cached_codes, recipe, start_run, train_loop
+
+
+@dataclass
+class DrafterTrainConfig(RecipeConfig):
+    out: str = "runs/photos-gpt-drafter"
+    model: str = "photos-gpt"      # the target: a zoo pipeline name or a folder with pipeline.json (next-token GPT)
+    codes: str = ""                # a folder with codes_train.pt / codes_test.pt instead of encoding the photos
+    steps: int = 1200
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    n_train: int = 2048            # training sequences (their target features are cached: 256 KB each, fp16)
+    n_test: int = 128
+    cls_weight: float = 0.1        # loss = smooth-L1(features) + cls_weight * CE(target's next-token distribution)
+    noise: float = 0.1             # uniform noise on the input features, times their RMS (EAGLE's augmentation)
+    save_every: int = 100
+    install: bool = False          # copy drafter.safetensors next to the pipeline and list it in pipeline.json
+
+
+def load_target(name: str, device):
+    """(pipeline, target GPT) for a drafter; one-line error unless it is a next-token GPT."""
+    from vgen.models.gpt import GPT
+    from vgen.pipeline import load_pipeline
+    pipe = load_pipeline(name, device=device)
+    if not isinstance(pipe.model, GPT) or pipe.model.token_type.kind != "codes" or pipe.card.get(
+            "generation") != "next-token":
+        raise VGenError(f"{name} is not a next-token GPT over codes ({pipe.card.get('model_kind')}): an EAGLE drafter "
+                        "drafts for LlamaGen-style GPTs (photos-gpt, photos-video-gpt, official LlamaGen)")
+    return pipe, pipe.model.eval().requires_grad_(False)
+
+
+def codes_from_folder(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    f = folder / f"codes_{split}.pt"
+    if not f.is_file():
+        raise VGenError(f"codes={folder} has no {f.name}: write {{'codes': (N, L) ints, 'labels': (N,)}} there with "
+                        "torch.save")
+    d = torch.load(f, map_location="cpu", weights_only=True)
+    if not isinstance(d, dict) or "codes" not in d or "labels" not in d:
+        raise VGenError(f"{f} must hold a dict with 'codes' (N, L) and 'labels' (N,)")
+    return d["codes"], d["labels"]
+
+
+@torch.no_grad()
+def cached_features(run, target, codes: torch.Tensor, labels: torch.Tensor, split: str, batch: int = 32):
+    """Target hidden states (N, 2, L, d) fp16 for [class, null] conditions, cached as ``features_<split>.pt``."""
+    path = run.path / f"features_{split}.pt"
+    if path.exists():
+        d = torch.load(path, weights_only=True)
+        if d["features"].shape[0] == codes.shape[0]:
+            return d["features"]
+    dev = next(target.parameters()).device
+    out = []
+    for i in range(0, codes.shape[0], batch):
+        x, y = codes[i:i + batch].long().to(dev), labels[i:i + batch].to(dev)
+        c = target_features(target, x, y)
+        u = target_features(target, x, target.null_cond(y))
+        out.append(torch.stack([c, u], 1).half().cpu())
+    feats = torch.cat(out)
+    buf = io.BytesIO()
+    torch.save({"features": feats}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    return feats
+
+
+def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.Tensor, noise: float = 0.0,
+                   generator: torch.Generator | None = None) -> dict:
+    """Teacher-forced losses on (B, 2, L, d) target features and their (B, L) codes: slot s is fed (f[s-1], x[s])
+    and predicts f[s]; both conditions' rows at once. Returns the feature loss, the distribution loss and the
+    drafter's and the target's logits ((2B, L-1, V), rows [class; null])."""
+    B, _, L, d = feats.shape
+    f = feats.float().transpose(0, 1).reshape(2 * B, L, d)  # rows [class; null]
+    x = torch.cat([codes, codes]).long()
+    inp, want = f[:, :-1], f[:, 1:]
+    if noise:
+        rms = inp.pow(2).mean(-1, keepdim=True).sqrt()
+        u = torch.rand(inp.shape, generator=generator, device=inp.device) * 2 - 1
+        inp = inp + noise * rms * u
+    pos = target.cond_len + torch.arange(L - 1, device=f.device)
+    g = drafter(target, inp, x[:, :-1], pos)
+    logits_q, logits_p = target.head(g), target.head(want)
+    reg = F.smooth_l1_loss(g, want)
+    cls = -(logits_p.softmax(-1) * logits_q.log_softmax(-1)).sum(-1).mean()
+    return {"reg": reg, "cls": cls, "logits_q": logits_q, "logits_p": logits_p}
+
+
+@torch.no_grad()
+def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int = 32) -> dict:
+    """Held-out: one-step acceptance sum_x min(p, q) under the card's sampling (CFG, top-k, temperature), top-1
+    agreement of the guided distributions, and the two losses."""
+    was = drafter.training
+    drafter.eval()
+    acc, top1, reg, cls, n = 0.0, 0.0, 0.0, 0.0, 0
+    cfg_scale = float(sampling.get("cfg_scale", 1.0))
+    guided = cfg_scale != 1.0
+    kw = dict(cfg=guided, cfg_scale=cfg_scale, cfg_interval=int(sampling.get("cfg_interval", -1)),
+              temperature=float(sampling.get("temperature", 1.0)), top_k=int(sampling.get("top_k", 0)),
+              top_p=float(sampling.get("top_p", 1.0)))
+    for i in range(0, feats.shape[0], batch):
+        r = drafter_losses(drafter, target, feats[i:i + batch], codes[i:i + batch])
+        B, S = codes[i:i + batch].shape[0], codes.shape[1] - 1
+        idx = torch.arange(1, S + 1, device=codes.device).expand(B, S)  # the token each row predicts
+        lq, lp = (r["logits_q"], r["logits_p"]) if guided else (r["logits_q"][:B], r["logits_p"][:B])
+        p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
+        acc += float(torch.minimum(p, q).sum(-1).sum())
+        top1 += float((p.argmax(-1) == q.argmax(-1)).float().sum())
+        reg += float(r["reg"]) * B
+        cls += float(r["cls"]) * B
+        n += B * S
+    drafter.train(was)
+    m = feats.shape[0]
+    return {"test_acceptance": acc / n, "test_top1": top1 / n, "test_reg": reg / m, "test_cls": cls / m}
+
+
+@recipe(DrafterTrainConfig)
+def train_drafter(cfg: DrafterTrainConfig) -> dict:
+    if cfg.codes and not Path(cfg.codes).is_dir():
+        raise VGenError(f"codes={cfg.codes} is not a folder: give one holding codes_train.pt and codes_test.pt")
+    if cfg.noise < 0 or cfg.cls_weight < 0:
+        raise VGenError("noise and cls_weight must be >= 0")
+    from vgen.train.common import train_device
+    pipe, target = load_target(cfg.model, train_device(cfg.device))  # refused before any run folder exists
+    if cfg.codes:
+        tr = codes_from_folder(Path(cfg.codes), "train")
+        te = codes_from_folder(Path(cfg.codes), "test")
+        for what, (c, _) in (("train", tr), ("test", te)):
+            if c.dim() != 2 or c.shape[1] != target.seq_len or int(c.max()) >= target.vocab_size or int(c.min()) < 0:
+                raise VGenError(f"codes_{what}.pt holds codes of shape {tuple(c.shape)} in [{int(c.min())}, "
+                                f"{int(c.max())}], but {cfg.model} takes (N, {target.seq_len}) codes below "
+                                f"{target.vocab_size}")
+    run, device = start_run(cfg)
+    if cfg.codes:
+        (tr_codes, tr_labels), (te_codes, te_labels) = tr, te
+        tr_codes, te_codes = tr_codes[:cfg.n_train], te_codes[:cfg.n_test]
+        tr_labels, te_labels = tr_labels[:cfg.n_train], te_labels[:cfg.n_test]
+    else:
+        tr_codes, tr_labels = cached_codes(run, pipe.tokenizer, "train", cfg.n_train, cfg.seed)
+        te_codes, te_labels = cached_codes(run, pipe.tokenizer, "test", cfg.n_test, cfg.seed + 1)
+    tr_feats = cached_features(run, target, tr_codes, tr_labels.to(device), "train")
+    te_feats = cached_features(run, target, te_codes, te_labels.to(device), "test")
+    tr_codes, te_codes = tr_codes.long().to(device), te_codes.long().to(device)
+    te_feats = te_feats.to(device)
+
+    drafter = Drafter(target.config).to(device)
+    opt = adamw(drafter, cfg.lr, cfg.weight_decay)
+    g = torch.Generator()
+
+    def step_fn(step):
+        g.manual_seed(cfg.seed * 1_000_003 + step)
+        idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g)
+        r = drafter_losses(drafter, target, tr_feats[idx].to(device), tr_codes[idx], cfg.noise, g)
+        with torch.no_grad():
+            top1 = (r["logits_q"].argmax(-1) == r["logits_p"].argmax(-1)).float().mean()
+        return r["reg"] + cfg.cls_weight * r["cls"], {"reg": r["reg"].detach(), "cls": r["cls"].detach(),
+                                                       "top1": top1}
+
+    def on_save(step):
+        run.log({"step": step, **evaluate(drafter, target, te_feats, te_codes, pipe.card.get("sampling", {}))})
+
+    step, _ = train_loop(cfg, drafter, opt, run, step_fn, desc="drafter", clip=1.0, log_every=10,
+                         bar={"loss": "{loss:.3f}", "top1": "{top1:.2f}"}, on_save=on_save)
+    with torch.no_grad():  # measure the fp16 weights that ship
+        for t in drafter.state_dict().values():
+            t.copy_(t.half().float())
+    metrics = evaluate(drafter, target, te_feats, te_codes, pipe.card.get("sampling", {}))
+    run.log({"step": step, "final": True, **metrics})
+    out = run.path / "drafter.safetensors"
+    save_drafter(drafter, out, extra={"train": asdict(cfg), "metrics": metrics, "target": cfg.model})
+    if cfg.install:
+        install_drafter(pipe.card["_folder"], out)
+    return metrics
+
+
+def install_drafter(folder, file) -> Path:
+    """Copy a drafter next to its pipeline and list it in ``pipeline.json`` (``"drafter": "drafter.safetensors"``)."""
+    import json
+
+    from vgen.io import atomic_write_bytes, atomic_write_json
+    folder = Path(folder)
+    dest = folder / "drafter.safetensors"
+    atomic_write_bytes(dest, Path(file).read_bytes())
+    card = json.loads((folder / "pipeline.json").read_text())
+    card["drafter"] = dest.name
+    atomic_write_json(folder / "pipeline.json", card)
+    return dest
