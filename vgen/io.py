@@ -54,6 +54,17 @@ def save_png(path: str | os.PathLike, image: torch.Tensor) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def read_safetensors(path, fix: str) -> tuple[dict, dict]:
+    """(tensors, raw metadata) of a safetensors file, or a one-line error ending in ``fix`` (how to make a good one)
+    when it cannot be read (truncated, corrupt, not safetensors)."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    except (SafetensorError, OSError) as e:
+        raise VGenError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0]}): {fix}") from None
+
+
 def save_safetensors(state_dict: dict, path: str | os.PathLike, metadata: dict | None = None) -> None:
     from safetensors.torch import save
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}

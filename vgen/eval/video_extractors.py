@@ -141,15 +141,9 @@ def video_classifier_path(path: str | os.PathLike | None = None) -> Path:
 
 def load_video_classifier(path: str | os.PathLike | None = None, device="cpu") -> VideoClassifier:
     """The zoo's video classifier (or a ``vgen train recipe=video-classifier`` output file)."""
-    from safetensors import SafetensorError, safe_open
+    from vgen.io import read_safetensors
     p = video_classifier_path(path)
-    try:
-        with safe_open(str(p), "pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise VGenError(f"{p} is not a readable safetensors file ({str(e).splitlines()[0]}): write it with "
-                        "save_video_classifier or `vgen train recipe=video-classifier`") from None
+    state, meta = read_safetensors(p, "write it with save_video_classifier or `vgen train recipe=video-classifier`")
     if "config" not in meta:
         raise VGenError(f"{p} has no 'config' metadata: is it a vgen video classifier?")
     with torch.device("meta"):  # no random init of millions of parameters only to overwrite them

@@ -106,18 +106,12 @@ def load_drafter(path, device="cpu") -> Drafter:
     """A drafter written by :func:`save_drafter` (``vgen train recipe=drafter``), fp32, eval mode."""
     from pathlib import Path
 
-    from safetensors import SafetensorError, safe_open
+    from vgen.io import read_safetensors
     p = Path(path)
     if not p.is_file():
         raise VGenError(f"drafter weights not found at {p}: train them with `vgen train recipe=drafter "
                         "model=<pipeline>`")
-    try:
-        with safe_open(str(p), "pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise VGenError(f"{p} is not a readable safetensors file ({str(e).splitlines()[0]}): write it with "
-                        "`vgen train recipe=drafter`") from None
+    state, meta = read_safetensors(p, "write it with `vgen train recipe=drafter`")
     if meta.get("kind") != "eagle-drafter" or "config" not in meta:
         raise VGenError(f"{p} is not a vgen drafter (no 'eagle-drafter' metadata): write it with "
                         "`vgen train recipe=drafter`")

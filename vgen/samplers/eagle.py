@@ -32,7 +32,7 @@ from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.gsd import gsd_rule
 from vgen.samplers.lantern import lantern_rule
 from vgen.samplers.sjd import sjd_rule
-from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, verify, width_table
+from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, verify, width_table
 
 ACCEPT = ("exact", "lantern", "gsd")
 # window=auto leaves AR's loop only for a width timed this much faster (the timing covers the whole loop, so the
@@ -125,16 +125,10 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     kr = torch.cat([kk, kk]) if cfg else kk
     g = g.gather(1, kr[..., None].expand(-1, 1, g.shape[-1]))  # the state after the decided token n+k
     nxt = n + k + 1
-    active = n < L
-    f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, active, sampling)
+    f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, n < L, sampling)
     tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
-
-    left = L - n
-    emitted = torch.where(active, torch.minimum(k + 1, left), 0)
-    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), wv - 1), 0)
-    accepted = torch.where(active, torch.minimum(k, left), 0)
-    counts = counts + torch.stack([active.long(), checked, accepted], 1)
-    return tokens, n + emitted, qwin, logp, smap, counts
+    n, counts = advance(n, k, wv, L, counts)
+    return tokens, n, qwin, logp, smap, counts
 
 
 @register_sampler

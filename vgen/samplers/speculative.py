@@ -242,13 +242,19 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
         j = kk + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then the new ones
         qwin = gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
 
+    n, counts = advance(n, k, wv, L, counts)
+    return tokens, n, qwin, logp, smap, counts
+
+
+def advance(n, k, wv, L: int, counts):
+    """After a pass that accepted k drafts per sample: the new decided counts (k + 1 tokens, never past L, none for
+    finished samples) and the running (passes, drafts checked, drafts accepted) per sample."""
     active = n < L
     left = L - n
     emitted = torch.where(active, torch.minimum(k + 1, left), 0)
     checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), wv - 1), 0)
     accepted = torch.where(active, torch.minimum(k, left), 0)
-    counts = counts + torch.stack([active.long(), checked, accepted], 1)
-    return tokens, n + emitted, qwin, logp, smap, counts
+    return n + emitted, counts + torch.stack([active.long(), checked, accepted], 1)
 
 
 # The widths window=auto measures and chooses from: each is one compiled graph per attention-length bucket, so few
