@@ -47,16 +47,17 @@ def test_sample_writes_pngs_grid_and_stats(tiny_pipeline, tmp_path):
 
 
 def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
-    """The CLI with batch_size=2 writes the same bytes the API produces for the whole batch at once."""
+    """The CLI (in process: the main() the command runs) with batch_size=2 writes the same bytes the API produces
+    for the whole batch at once."""
     import numpy as np
     import torch
     from PIL import Image
 
     from vgen import load_pipeline
+    from vgen.cli import main
     out = tmp_path / "o"
-    r = run(["sample", f"model.path={tiny_pipeline}", "labels=[1,2,3]", "num_samples=3", "batch_size=2",
-             "seed=11", f"outdir={out}", "progress=false"], tmp_path)
-    assert r.returncode == 0, r.stderr
+    main(["sample", f"model.path={tiny_pipeline}", "labels=[1,2,3]", "num_samples=3", "batch_size=2", "seed=11",
+          f"outdir={out}", "progress=false"])
     gen = load_pipeline(str(tiny_pipeline)).generate([1, 2, 3], seed=11)
     for i in range(3):
         png = torch.from_numpy(np.array(Image.open(out / f"{i:06d}.png"))).permute(2, 0, 1)
@@ -91,19 +92,28 @@ def test_bad_input_one_line_error(tiny_pipeline, tmp_path, args, msg, capsys):
     assert not (tmp_path / "x" / "stats.json").exists()
 
 
-def test_missing_pipeline_folder(tmp_path):
-    r = run(["sample", f"model.path={tmp_path / 'nowhere'}"], tmp_path)
-    assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
+def main_error(args, capsys) -> str:
+    """Run the command's main() in process; it must exit with code 2 and one line on stderr, which is returned."""
+    from vgen.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
 
 
-def test_checkpoint_for_another_architecture(tiny_pipeline, tmp_path):
+def test_missing_pipeline_folder(tmp_path, capsys):
+    assert "unknown model" in main_error(["sample", f"model.path={tmp_path / 'nowhere'}"], capsys)
+
+
+def test_checkpoint_for_another_architecture(tiny_pipeline, tmp_path, capsys):
     """A pipeline whose model file is a VQ checkpoint: refused with the kind that would load it."""
     import shutil
     bad = tmp_path / "bad"
     shutil.copytree(tiny_pipeline, bad)
     shutil.copy(bad / "vq.safetensors", bad / "gpt.safetensors")
-    r = run(["sample", f"model.path={bad}", f"outdir={tmp_path / 'y'}"], tmp_path)
-    assert r.returncode == 2 and "load_official('vq'" in r.stderr and "Traceback" not in r.stderr
+    err = main_error(["sample", f"model.path={bad}", f"outdir={tmp_path / 'y'}"], capsys)
+    assert "load_official('vq'" in err
 
 
 @pytest.mark.slow

@@ -203,3 +203,96 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
     ar, _ = sample(tiny_gpt, [0, 1, 2], "ar", seed=4, cfg_scale=2.0, top_k=10)
     assert torch.equal(ar_loop, ar) and st["mean_window"] == 1.0
     assert json.loads((tmp_path / "eagle_speed.json").read_text()) == table
+
+
+# ---- static trees ------------------------------------------------------------------------------------------------
+
+def test_tree_shapes_parse_and_refuse_bad_ones():
+    from vgen.kernels.tree import LANTERN_PP, StaticTree, parse_tree
+    t = StaticTree.build(parse_tree("lantern++"))
+    assert t.size == 25 == len(LANTERN_PP) and t.depth_max == 5
+    assert t.n_children[0] == 4 and [len(n) for n in t.by_depth] == [4, 8, 8, 3, 2]
+    full = parse_tree("3,2,1")
+    assert len(full) == 3 + 6 + 6 and full[:3] == ((0,), (1,), (2,)) and parse_tree("3-2-1") == full
+    assert parse_tree("0|1|0.0") == ((0,), (1,), (0, 0))
+    # the ancestor table: (0, 0, 0) sees the root, (0,), (0, 0) and itself only
+    t = StaticTree.build(parse_tree("2,2,1"))
+    i = 1 + t.paths.index((0, 0, 0))
+    assert t.anc[i].nonzero().flatten().tolist() == [0, 1 + t.paths.index((0,)), 1 + t.paths.index((0, 0)), i]
+    for bad in ("0|0.1", "0|2", "0|0|1", "x", "3,0"):
+        with pytest.raises(VGenError, match="tree"):
+            parse_tree(bad)
+
+
+@pytest.mark.parametrize("children", ["sample", "top"])
+def test_tree_verification_keeps_the_target_distribution_per_node(children):
+    """The multi-candidate rule alone, enumerated: a root with three candidates proposed from a q far from p (i.i.d.
+    draws, or q's three most likely tokens as one-hot proposals); over 200k uniforms the decided first token follows
+    p (chi-square), and a wrong target (q) is rejected by the same counts (power)."""
+    from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
+    from vgen.samplers.sjd import sjd_rule
+    g = torch.Generator().manual_seed(0)
+    V, B = 6, 200_000
+    p = torch.tensor([0.05, 0.3, 0.0, 0.25, 0.3, 0.1])
+    qd = torch.tensor([0.4, 0.05, 0.3, 0.05, 0.1, 0.1])
+    t = StaticTree.build(parse_tree("3"))
+    if children == "sample":
+        x = torch.multinomial(qd, 3 * B, replacement=True, generator=g).view(B, 3)
+        q = qd.expand(B, 3, V)
+    else:
+        x = qd.topk(3).indices.expand(B, 3)
+        q = torch.nn.functional.one_hot(x, V).float()
+    pp = torch.cat([p.expand(B, 1, V), torch.full((B, 3, V), 1.0 / V)], 1)  # after each (leaf) node: anything
+    path, k, tok = tree_verify(t, pp, q, x, torch.ones(B, 3, dtype=torch.bool), torch.rand(B, 3, generator=g),
+                               torch.rand(B, generator=g), sjd_rule)
+    first = torch.where(k > 0, x.gather(1, (path[:, 0] - 1).clamp_min(0)[:, None]).squeeze(1), tok)
+    counts = torch.bincount(first, minlength=V).double()
+    assert counts[2] == 0  # p(2) = 0: never decided
+    expect = p.double() * B
+    m = expect > 0
+    chi2 = ((counts[m] - expect[m]) ** 2 / expect[m]).sum()
+    assert chi2 < 20.5, chi2  # 5 degrees of freedom: p = 0.001
+    wrong = qd.double() * B
+    assert ((counts - wrong) ** 2 / wrong).sum() > 1000
+    assert 0.3 < (k > 0).double().mean() < 1.0  # some candidate is accepted often, not always
+
+
+def test_tree_of_one_child_per_node_is_the_chain(tiny_gpt):
+    """A tree with one child per node (``1,1``) verifies, keeps and drafts exactly as the chain of the same depth
+    (window 3): the scratch slots, the tree masks and the moved cache entries change nothing but the arithmetic's
+    order, so (almost) every token agrees."""
+    d = make_drafter(tiny_gpt, seed=1)
+    kw = dict(cfg_scale=2.0, top_k=10, draft=d)
+    chain, cs = sample(tiny_gpt, [0, 1, 2, 3] * 2, "eagle", seed=7, window=3, **kw)
+    tree, ts = sample(tiny_gpt, [0, 1, 2, 3] * 2, "eagle", seed=7, tree="1,1", window=2, **kw)
+    assert (chain == tree).float().mean() > 0.97
+    assert len(ts["accepted_by_depth"]) == 2 and 0 <= ts["accepted_by_depth"][1] <= ts["accepted_by_depth"][0] <= 1
+    assert ts["accepted_by_depth"][0] > 0 and cs["accepted_by_depth"] == pytest.approx(ts["accepted_by_depth"],
+                                                                                       abs=0.05)
+
+
+@pytest.mark.parametrize("children", ["sample", "top"])
+def test_tree_drafting_is_batch_invariant_and_continues_prefixes(tiny_gpt, children):
+    d = make_drafter(tiny_gpt, seed=1)
+    kw = dict(cfg_scale=2.0, top_k=10, tree="2,2,1", window=2, children=children, draft=d)
+    one = torch.cat([sample(tiny_gpt, [c], "eagle", seed=5 + i, **kw)[0] for i, c in enumerate([0, 1, 2, 1, 0])])
+    many, st = sample(tiny_gpt, [0, 1, 2, 1, 0], "eagle", seed=5, batch_size=2, **kw)
+    assert torch.equal(many, one)
+    assert st["accepted_per_step"] > 1.0
+    cont, _ = sample(tiny_gpt, [0, 1, 2, 1, 0], "eagle", seed=9, batch_size=3, prefix=one[:, :5], **kw)
+    assert torch.equal(cont[:, :5], one[:, :5])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("children", ["sample", "top"])
+def test_eagle_tree_exact_matches_the_enumerated_distribution(micro, children):
+    """Lossless with a tree (two children per node, depth 2, a random head far from the target): 20k batched
+    samples follow the enumerated joint; the unguided one is rejected (power)."""
+    m, d, joint, unguided = micro
+    n = N if children == "sample" else N // 2  # (top: also checked per node, exhaustively, above)
+    tokens, st = sample(m, [1] * n, "eagle", seed=0, tree="2,2", window=2, children=children, draft=d, **OPTS)
+    counts = counts_of(tokens, 4)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, unguided) < 1e-6
+    assert counts[joint == 0].sum() == 0
+    assert st["accepted_per_step"] > 1.0

@@ -220,7 +220,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                **measured["mem"][(m, v, b)], **quality.get((m, v), {}), **quality.get((m, v, b), {})}
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
                   "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
-                  "draft_seconds", "verify_seconds"):
+                  "draft_seconds", "verify_seconds", "accepted_by_depth"):
             if k in r0:
                 row[k] = r0[k]
         rows.append(row)

@@ -28,10 +28,25 @@ class KVCache:
         self.slots = torch.arange(max_len, device=device)
         self.rows = torch.arange(batch_size, device=device)
         self.length = max_len  # slots attention reads (limit)
+        self.write_slots = None  # write_at: where updates write instead of their positions
 
     def limit(self, n: int | None) -> None:
         """Let attention read slots [0, n) only (None: all). Every query position must be < n."""
         self.length = self.max_len if n is None else max(1, min(int(n), self.max_len))
+
+    def write_at(self, slots: torch.Tensor | None) -> None:
+        """Let the next updates write at ``slots`` (same shape as their positions) instead of at their positions
+        (None: at the positions). Tree passes need it: the nodes of one depth share a position (their RoPE) but each
+        has its own scratch slot past the sequence (:mod:`vgen.kernels.tree`)."""
+        self.write_slots = slots
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy every layer's keys and values from slots ``src`` to slots ``dst`` ((B, M) each, per row of the
+        first B rows): a tree pass keeps its accepted path this way."""
+        b = self.rows[: src.shape[0], None]
+        for kc, vc in zip(self.k, self.v):
+            kc[b, :, dst] = kc[b, :, src]
+            vc[b, :, dst] = vc[b, :, src]
 
     def bucket(self, n: int, parts: int = 4) -> int:
         """``n`` rounded up to a multiple of max_len / parts (at least 64 slots): few distinct lengths."""
@@ -52,6 +67,8 @@ class KVCache:
         """Write k, v (B, H, S, D) at ``input_pos`` ((S,) or (B, S)); return this layer's K, V over the first
         ``length`` slots."""
         kc, vc = self.k[layer], self.v[layer]
+        if self.write_slots is not None:
+            input_pos = self.write_slots
         if input_pos.dim() == 1:
             kc[:, :, input_pos] = k  # index_put_: reinplaced by inductor, no whole-cache copy
             vc[:, :, input_pos] = v

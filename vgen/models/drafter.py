@@ -65,11 +65,12 @@ class Drafter(nn.Module):
     def logits(target, hidden: torch.Tensor) -> torch.Tensor:
         return target.head(hidden)
 
-    def new_cache(self, target, rows: int) -> KVCache:
+    def new_cache(self, target, rows: int, extra: int = 0) -> KVCache:
+        """The head's static cache: one slot per position, plus ``extra`` scratch slots (tree drafting)."""
         c = self.config
         w = self.fc.weight
-        return KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len, c.head_dim, w.dtype,
-                       w.device)
+        return KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len + extra, c.head_dim,
+                       w.dtype, w.device)
 
     def digest(self, n: int = 16) -> str:
         """A digest of the head's tensors (cache keys)."""

@@ -15,6 +15,13 @@ proposes a chain of ``window - 1`` tokens, each drawn from its own distribution 
 temperature-scaled exactly as the target's) with the sample's own uniforms: batch-invariant and seeded like every
 vgen sampler. The drafter's static cache, like the target's, needs no rollback: slot s holds the pair (target state
 after token s-1, token s); slots past the decided prefix are overwritten before any query reads them.
+
+``tree=...`` drafts a static tree instead of a chain (:mod:`vgen.kernels.tree`: LANTERN++'s preset, a branching
+per depth, or explicit paths): the head runs once per depth over that depth's nodes (tree attention mask, scratch
+slots past the sequence), the target verifies every node in one pass (tree mask over its static cache), siblings
+are tried in rank order against the residual target, and the accepted path's keys and values move to their real
+slots. ``children`` says how siblings are proposed: ``sample`` (i.i.d. draws from the head's distribution) or
+``top`` (its most likely tokens, verified as one-hot proposals); both keep ``accept=exact`` exact.
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.neighbours import latent_neighbours
 from vgen.kernels.sampling import sample_from_probs
-from vgen.kernels.verify import window_target
+from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
+from vgen.kernels.verify import gather_rows, window_target
 from vgen.models.drafter import Drafter
 from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.gsd import gsd_rule
@@ -35,6 +43,7 @@ from vgen.samplers.sjd import sjd_rule
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, verify, width_table
 
 ACCEPT = ("exact", "lantern", "gsd")
+CHILDREN = ("sample", "top")
 # window=auto leaves AR's loop only for a width timed this much faster (the timing covers the whole loop, so the
 # margin only has to cover timing noise: 5-10% between runs on this machine)
 EAGLE_MARGIN = 1.1
@@ -49,6 +58,12 @@ class EagleOptions(SpeculativeOptions):
     accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
                          "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
     drafter: str = option("", "the draft head: a drafter.safetensors file ('' = the one the model card names)")
+    tree: str = option("", "draft a static tree instead of a chain: lantern++ (LANTERN++'s 25-node preset), a "
+                       "branching per depth ('3,2,1'), or paths ('0|1|0.0'); '' = a chain of window - 1 drafts. "
+                       "With a tree, window=auto chooses between the tree and AR's loop (timed), and any fixed "
+                       "window runs the tree every pass")
+    children: str = option("sample", "tree: how a node's children are proposed: sample (i.i.d. draws from the head) "
+                           "or top (the head's most likely tokens)", choices=CHILDREN)
     k: int = option(1000, "accept=lantern: latent neighbours per token")
     delta: float = option(0.1, "accept=lantern: total-variation budget per token")
     lam: float = option(0.0, "accept=lantern: LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
@@ -63,6 +78,8 @@ class EagleOptions(SpeculativeOptions):
             raise VGenError(f"delta must be in [0, 1], got {self.delta}")
         if self.k < 1 or self.group_size < 1:
             raise VGenError("k and group_size must be >= 1")
+        if self.tree:
+            parse_tree(self.tree)
 
 
 def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, live, sampling: dict):
@@ -131,6 +148,125 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     return tokens, n, qwin, logp, smap, counts
 
 
+def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
+               children: str):
+    """A static tree of drafts from the head's state ``g`` (rows, 1, d), which predicts token ``nxt`` (B,): per
+    depth, each parent's distribution proposes its children (``sample``: draws with the node's uniform from ``uf``
+    (B, N); ``top``: its most likely tokens, one-hot proposals), then the head runs once over the depth's inner
+    nodes (scratch slots past the sequence, tree mask) for their children's distributions. Returns node tokens
+    (B, N) and proposals (B, N, V)."""
+    B, N, V = nxt.shape[0], tree.size, model.vocab_size
+    base = model.cond_len + L
+    last = model.cond_len + nxt - 1  # the head's decided slots
+    if cfg:
+        last = torch.cat([last, last])
+    f = torch.zeros((B, N), dtype=torch.long, device=nxt.device)
+    qn = torch.zeros((B, N, V), device=nxt.device)
+    Q = window_target(model.head(g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's distribution
+    G = g
+    for d, (nodes, col, ranks, inner, icol) in enumerate(tree.levels, start=1):
+        qp = Q[:, col]  # (B, M, V): each node's parent's distribution
+        if children == "sample":
+            x = sample_from_probs(qp, uf[:, nodes - 1])
+            qx = qp
+        else:
+            top = Q.topk(int(tree.children.shape[1]), dim=-1).indices  # (B, parents, most children)
+            x = top[:, col, ranks]
+            qx = torch.nn.functional.one_hot(x, V).to(qn.dtype)
+        f[:, nodes - 1] = x
+        qn[:, nodes - 1] = qx
+        if inner.numel() == 0:
+            break
+        tok = x[:, icol]
+        pos = model.cond_len + (nxt + d - 1).clamp_max(L - 1)[:, None].expand(-1, inner.numel())
+        slot = (base + inner - 1)[None].expand(B, -1)
+        if cfg:
+            tok, pos, slot = torch.cat([tok, tok]), torch.cat([pos, pos]), torch.cat([slot, slot])
+        dcache.write_at(slot)
+        G = drafter(model, G[:, col[icol]], tok, pos, dcache, attn_mask=tree.head_mask(inner, last, dcache.slots))
+        dcache.write_at(None)
+        Q = window_target(model.head(G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
+    return f, qn
+
+
+def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
+                    grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
+                    top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
+                    coupling: str = "independent", gkeys=None, drafter: Drafter | None = None, dcache=None,
+                    tree: StaticTree | None = None, children: str = "sample"):
+    """One tree pass: the target reads the last decided token and all N tree nodes (tokens[b, n[b]:n[b]+N], node
+    j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree, keeps the accepted path's cache
+    entries, and the head drafts the next tree."""
+    sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
+                    top_p=top_p)
+    B, N, Dm, dev = n.shape[0], tree.size, tree.depth_max, n.device
+    nodes = torch.arange(1, N + 1, device=dev)
+    base = model.cond_len + L
+    x = tokens.gather(1, n[:, None] + nodes - 1)
+    tpos = (n - 1)[:, None] + tree.depth[None]  # (B, N + 1): the root, then every node at root + depth
+    inp = torch.cat([tokens.gather(1, (n - 1)[:, None]), x], 1)
+    pos = model.cond_len + tpos.clamp_max(L - 1)
+    slot = torch.cat([pos[:, :1], (base + nodes - 1)[None].expand(B, -1)], 1)
+    if cfg:
+        inp, pos, slot = torch.cat([inp, inp]), torch.cat([pos, pos]), torch.cat([slot, slot])
+    cache.limit(None)
+    cache.write_at(slot)
+    logits, h = model.decode_features(inp, pos, cache, attn_mask=tree.target_mask(pos[:, 0], cache.slots))
+    cache.write_at(None)
+    p = window_target(logits, tpos + 1, cfg, **sampling)  # (B, N + 1, V)
+    ua, ur, _, uf = u.split([D, 1, D + 1, D], dim=1)
+    path, k, tok = tree_verify(tree, p, qwin[:, :N], x, tpos[:, 1:] < L, ua[:, :N], ur[:, 0], rule, rule_args,
+                               rule_kw)
+    ar = torch.arange(Dm + 1, device=dev)
+    pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
+    ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
+    cand = torch.where(ar < k[:, None], ptok, tok[:, None])  # past k: rewritten when decided
+    lp = p.flatten(1).gather(1, pnodes * p.shape[-1] + cand).clamp_min(1e-30).log()
+    widx = n[:, None] + ar
+    tokens = tokens.scatter(1, widx, cand)
+    logp = logp.scatter(1, widx, lp)
+    smap = smap.scatter(1, widx, it.expand_as(widx))
+    # keep the accepted path: node at depth d moves from its scratch slot to the real slot of position n - 1 + d
+    src = torch.where(path > 0, base + path - 1, base - 1)
+    dst = model.cond_len + (n[:, None] + ar[:-1]).clamp_max(L - 1)
+    if cfg:
+        src, dst = torch.cat([src, src]), torch.cat([dst, dst])
+    cache.move(src, dst)
+
+    # the head catches up on the path: slot n+j gets (target state after the node at depth j, token n+j)
+    dpos = model.cond_len + widx.clamp_max(L - 1)
+    if cfg:
+        pnodes, cand, dpos = torch.cat([pnodes, pnodes]), torch.cat([cand, cand]), torch.cat([dpos, dpos])
+    dcache.limit(None)
+    g = drafter(model, gather_rows(h, pnodes), cand, dpos, dcache)
+    kr = torch.cat([k, k]) if cfg else k
+    g = g.gather(1, kr[:, None, None].expand(-1, 1, g.shape[-1]))
+    nxt = n + k + 1
+    f, qn = draft_tree(model, drafter, dcache, tree, g, nxt, uf, L, cfg, sampling, children)
+    tokens = tokens.scatter(1, nxt[:, None] + nodes - 1, f)
+    n, counts = advance(n, k, torch.full_like(n, Dm + 1), L, counts)
+    return tokens, n, qn, logp, smap, counts
+
+
+def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
+    """From a sampler's step map (N, L: the pass that decided each token): the fraction of passes whose drafts were
+    accepted to depth d, for d = 1..``depth`` (a pass that decides j tokens accepted j - 1 drafts). The prefill's
+    token and each sample's last pass (cut short by the end of the image) are left out."""
+    reached, passes = [0] * depth, 0
+    for row in step_map.tolist():
+        runs = []
+        for s in row[next((i for i, s in enumerate(row) if s != row[0]), len(row)):]:
+            if runs and runs[-1][0] == s:
+                runs[-1][1] += 1
+            else:
+                runs.append([s, 1])
+        for _, m in runs[:-1]:
+            passes += 1
+            for d in range(min(m - 1, depth)):
+                reached[d] += 1
+    return [r / passes if passes else 0.0 for r in reached]
+
+
 @register_sampler
 class EagleSampler(SpeculativeSampler):
     """``sampler=eagle``: a trained draft head proposes, the target verifies (exact by default)."""
@@ -138,7 +274,7 @@ class EagleSampler(SpeculativeSampler):
     Options = EagleOptions
     needs_draft = True
     draft_kind = "head"
-    step_fn = staticmethod(eagle_step)
+    _drafter = _tree = None  # set for one run
 
     @property
     def needs_codebook(self) -> bool:
@@ -164,19 +300,33 @@ class EagleSampler(SpeculativeSampler):
         draft.check_target(model)
         return draft
 
+    @property
+    def tree(self) -> StaticTree | None:
+        return StaticTree.build(parse_tree(self.options.tree)) if self.options.tree else None
+
+    @property
+    def step_fn(self):
+        return eagle_tree_step if self.options.tree else eagle_step
+
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
-        if self.options.window == "auto":  # one width for the job, or AR's loop where no width pays
+        o = self.options
+        tree_window = len(parse_tree(o.tree)) + 1 if o.tree else None  # the base's window: the tree's nodes + 1
+        if o.window == "auto" or (tree_window and o.window != tree_window):  # one width for the job, or AR's loop
             samples, job_batch = job_shape(cond.shape[0], batch_size)
-            w = self.job_window(model, draft, min(samples, job_batch), codebook)
+            w = self.job_window(model, draft, min(samples, job_batch), codebook) if o.window == "auto" else \
+                tree_window
             if w == 1:
                 return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
             return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix,
                                       draft=draft)
-        self._drafter = draft
+        self._drafter, self._tree = draft, self.tree
         try:
-            return super()._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
+            tokens, stats = super()._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
         finally:
-            self._drafter = None
+            self._drafter = self._tree = None
+        depth = self.tree.depth_max if o.tree else o.window - 1
+        stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], depth)
+        return tokens, stats
 
     def job_window(self, model, draft, batch: int, codebook=None) -> int:
         """window=auto: tokens per second of AR's loop and of every window 2..max_window, timed once on
@@ -191,7 +341,7 @@ class EagleSampler(SpeculativeSampler):
         o = self.options
         settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
         w0 = next(model.parameters())
-        widths = list(range(2, o.max_window + 1))
+        widths = [len(parse_tree(o.tree)) + 1] if o.tree else list(range(2, o.max_window + 1))
         path, table, name, known = width_table("eagle_speed.json", [
             model.config_dict(), draft.digest(), str(w0.dtype), w0.device.type, torch.get_num_threads(),
             torch.__version__, settings, batch])
@@ -213,7 +363,16 @@ class EagleSampler(SpeculativeSampler):
         return best if known[best] >= EAGLE_MARGIN * known[1] else 1
 
     def step_kwargs(self, model, rows: int) -> dict:
-        return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows)}
+        if self._tree is None:
+            return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows)}
+        dev = next(model.parameters()).device
+        return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows, extra=self._tree.size),
+                "tree": StaticTree.build(self._tree.paths, dev), "children": self.options.children}
+
+    def new_cache(self, model, rows: int):
+        if self._tree is None:
+            return model.new_cache(rows)
+        return model.new_cache(rows, max_len=model.cond_len + model.seq_len + self._tree.size)  # + scratch slots
 
     def prefill_pass(self, model, cond_in, cache):
         logits, h = model.prefill_features(cond_in, cache)
@@ -238,4 +397,6 @@ class EagleSampler(SpeculativeSampler):
         g = drafter(model, feats, x, pos, dcache)[:, -1:]
         sampling = dict(cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval, temperature=o.temperature,
                         top_k=o.top_k, top_p=o.top_p)
+        if "tree" in kw:  # rows not refilled draft into their own scratch slots: nothing they keep
+            return draft_tree(model, drafter, dcache, kw["tree"], g, first + 1, uf, L, cfg, sampling, o.children)
         return draft_chain(model, drafter, dcache, g, first + 1, uf, L, cfg, refilled, sampling)

@@ -431,6 +431,10 @@ class SpeculativeSampler(Sampler):
         """Extra keyword arguments of ``step_fn`` for a run with ``rows`` cache rows."""
         return {}
 
+    def new_cache(self, model, rows: int):
+        """The target's KV cache for ``rows`` rows (a tree pass needs scratch slots past the sequence)."""
+        return model.new_cache(rows)
+
     def prefill_pass(self, model, cond_in, cache) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The condition's pass: (logits (rows, 1, V) for the first token, hidden states or None)."""
         return model.prefill(cond_in, cache)[:, None], None
@@ -485,7 +489,7 @@ class SpeculativeSampler(Sampler):
         if gumbel:  # each slot's sample's position keys (refilled with the slot)
             kw["gkeys"] = torch.zeros((S, L + 2 * Wmax), dtype=torch.long, device=dev)
         kw.update(self.step_kwargs(model, 2 * S if cfg else S))
-        step_fn = type(self).step_fn
+        step_fn = self.step_fn
         step = compiled(step_fn) if o.compile else step_fn
         costs = None
         if adaptive:
@@ -503,7 +507,7 @@ class SpeculativeSampler(Sampler):
                 if w == 1:
                     return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
                 return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
-        cache = model.new_cache(2 * S if cfg else S)  # (after the fallback: AR allocates its own)
+        cache = self.new_cache(model, 2 * S if cfg else S)  # (after the fallback: AR allocates its own)
 
         P = 0 if prefix is None else prefix.shape[1]  # given tokens: each sample starts at token P
         B = L + 2 * Wmax  # buffer length: drafts may run past the end of the image
