@@ -108,24 +108,29 @@ def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_pa
 
 
 @pytest.mark.slow
-def test_resume_skips_finished_indices_and_refuses_another_run(tiny_pipeline, tmp_path):
+def test_resume_skips_finished_indices_and_refuses_another_run(tiny_pipeline, tmp_path, capsys):
+    """In process (the main() the command runs; the killed torchrun job above is the real-process resume)."""
+    from vgen.cli import main
     out = tmp_path / "o"
     base = ["sample", f"model.path={tiny_pipeline}", "seed=2", f"outdir={out}", "progress=false", "batch_size=3"]
-    assert vgen(base + ["num_samples=4"], tmp_path).returncode == 0
+    main(base + ["num_samples=4"])
     first = pngs(out)
     (out / "000001.png").unlink()
     (out / ".000009.png.abc.tmp").write_bytes(b"partial")  # what a killed writer leaves behind
-    r = vgen(base + ["num_samples=7"], tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "(3 already on disk)" in r.stdout
+    capsys.readouterr()
+    main(base + ["num_samples=7"])
+    assert "(3 already on disk)" in capsys.readouterr().out
     got = pngs(out)
     assert len(got) == 7 and all(got[k] == v for k, v in first.items())
     assert not (out / ".000009.png.abc.tmp").exists()
     fresh = tmp_path / "fresh"
-    assert vgen(base[:-3] + [f"outdir={fresh}", "progress=false", "num_samples=7"], tmp_path).returncode == 0
+    main(base[:-3] + [f"outdir={fresh}", "progress=false", "num_samples=7"])
     assert pngs(fresh) == got  # resumed == one clean run
-    r = vgen(base + ["num_samples=7", "sampler.top_k=3"], tmp_path)
-    assert r.returncode == 2 and "another run" in r.stderr and "options" in r.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(base + ["num_samples=7", "sampler.top_k=3"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "another run" in err and "options" in err
 
 
 @pytest.mark.slow  # quick loop: kept under 3 minutes

@@ -172,7 +172,8 @@ def run(p: Plan) -> tuple[dict, dict]:
         t0 = time.perf_counter()
         _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b,
                         draft=draft)
-        return {**numeric(st), "seconds": time.perf_counter() - t0}
+        per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
+        return {**numeric(st), **per_depth, "seconds": time.perf_counter() - t0}
 
     runs = {c: [] for c in p.cells}
     mem = {c: {} for c in p.cells}
