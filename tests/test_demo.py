@@ -153,6 +153,7 @@ def test_gradio_client_generate_endpoint_returns_the_png(server, capfd):
     assert "Traceback" not in capfd.readouterr().err  # nor in the server's log
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 @needs_zoo("photos-gpt")
 def test_gradio_client_race_endpoint(server):
     from gradio_client import Client

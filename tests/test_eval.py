@@ -72,6 +72,7 @@ def test_inception_path_runs_offline_with_local_weights(cache, inception, backen
         assert np.isfinite(good["fid"]) and good["fid"] < bad["fid"] and "isc_mean" in good
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_inception_weights_from_env(cache, inception, monkeypatch):
     import vgen.eval as ev
     monkeypatch.setenv("VGEN_INCEPTION_WEIGHTS", str(inception))
