@@ -307,30 +307,33 @@ def _vgen(*args, cwd=None):
 
 
 @pytest.mark.slow
-def test_cli_calibrate_then_sample_with_scalekv(tiny_var_pipeline, tmp_path):
+def test_cli_calibrate_then_sample_with_scalekv(tiny_var_pipeline, tmp_path, capsys):
+    """The calibration in a real process; the rest in process (the main() the command runs: a process each costs
+    seconds of imports)."""
+    from vgen.cli import main
     cal = tmp_path / "cal.json"
     r = _vgen("scalekv", "calibrate", f"model.path={tiny_var_pipeline}", "budget=0.25", "num_samples=2",
               f"out={cal}", "progress=false")
     assert r.returncode == 0, r.stderr
     assert json.loads(cal.read_text())["budget"] == 0.25 and "drafters" in r.stdout
     out = tmp_path / "s"
-    r = _vgen("sample", f"model.path={tiny_var_pipeline}", "sampler=var", "sampler.kv_compression=scalekv",
-              "sampler.kv_budget=0.25", f"sampler.kv_calibration={cal}", "num_samples=3", f"outdir={out}",
-              "progress=false")
-    assert r.returncode == 0, r.stderr
+    main(["sample", f"model.path={tiny_var_pipeline}", "sampler=var", "sampler.kv_compression=scalekv",
+          "sampler.kv_budget=0.25", f"sampler.kv_calibration={cal}", "num_samples=3", f"outdir={out}",
+          "progress=false"])
     stats = json.loads((out / "stats.json").read_text())
     assert stats["options"]["kv_compression"] == "scalekv" and (out / "000002.png").exists()
     # without sampler=..., a next-scale model samples with its own sampler
-    r = _vgen("sample", f"model.path={tiny_var_pipeline}", "num_samples=1", f"outdir={tmp_path / 'd'}",
-              "progress=false")
-    assert r.returncode == 0, r.stderr
+    main(["sample", f"model.path={tiny_var_pipeline}", "num_samples=1", f"outdir={tmp_path / 'd'}",
+          "progress=false"])
     assert json.loads((tmp_path / "d" / "stats.json").read_text())["sampler"] == "var"
-    r = _vgen("scalekv", "calibrate", f"model.path={tiny_var_pipeline}", "budget=1.5")
-    assert r.returncode == 2 and "budget must be in (0, 1]" in r.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["scalekv", "calibrate", f"model.path={tiny_var_pipeline}", "budget=1.5"])
+    assert e.value.code == 2 and "budget must be in (0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_bench_kv_compression_table_with_fidelity(tiny_var_pipeline, tiny_pipeline, tmp_path):
+def test_bench_kv_compression_table_with_fidelity(tiny_var_pipeline, tiny_pipeline, tmp_path, capsys):
     """Mixed models: next-token settings skip the next-scale model and vice versa; fidelity to the full cache."""
     out = tmp_path / "bench"
     r = _vgen("bench", f"models=[{tiny_var_pipeline},{tiny_pipeline}]", "batch_sizes=[2]", "repeats=1",
@@ -348,8 +351,11 @@ def test_bench_kv_compression_table_with_fidelity(tiny_var_pipeline, tiny_pipeli
     assert comp["fidelity_samples"] == 6 and comp["psnr_vs_ref"] > 0 and comp["fid_vs_ref"] > -1e-3
     assert "PSNR vs ref dB" in r.stdout and "KV kept" in r.stdout
     assert (out / "bench.png").stat().st_size > 1000
-    r = _vgen("bench", f"models=[{tiny_var_pipeline}]", "samplers=[sjd]", f"outdir={out}", cwd=tmp_path)
-    assert r.returncode == 2 and "fits none of the models" in r.stderr
+    from vgen.cli import main
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # in process: the refusal needs no second process
+        main(["bench", f"models=[{tiny_var_pipeline}]", "samplers=[sjd]", f"outdir={out}"])
+    assert e.value.code == 2 and "fits none of the models" in capsys.readouterr().err
 
 
 def test_water_fill_keeps_the_total_under_the_cap():

@@ -31,7 +31,7 @@ def test_zoo_continuous_cards(car):
 
 @pytest.mark.slow
 def test_zoo_car_and_cspd_generate(car):
-    opts = dict(num_sampling_steps=8)  # short head schedules: a quick test, not the card's quality
+    opts = dict(num_sampling_steps=4)  # short head schedules: a quick test, not the card's quality
     a = car.generate([2], seed=1, **opts)
     assert a.images.shape == (1, 3, 64, 64) and a.tokens.shape == (1, 256, 4)
     assert a.stats["forward_passes"] == 256 and a.images.float().std() > 10  # not a flat image
