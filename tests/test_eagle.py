@@ -211,7 +211,7 @@ def test_tree_shapes_parse_and_refuse_bad_ones():
     from vgen.kernels.tree import LANTERN_PP, StaticTree, parse_tree
     t = StaticTree.build(parse_tree("lantern++"))
     assert t.size == 25 == len(LANTERN_PP) and t.depth_max == 5
-    assert t.n_children[0] == 4 and [len(n) for n in t.by_depth] == [4, 8, 8, 3, 2]
+    assert t.n_children[0] == 4 and [len(level[0]) for level in t.levels] == [4, 8, 8, 3, 2]
     full = parse_tree("3,2,1")
     assert len(full) == 3 + 6 + 6 and full[:3] == ((0,), (1,), (2,)) and parse_tree("3-2-1") == full
     assert parse_tree("0|1|0.0") == ((0,), (1,), (0, 0))

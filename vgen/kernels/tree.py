@@ -77,13 +77,12 @@ class StaticTree:
     depth: torch.Tensor       # (N + 1,) 0 for the root
     anc: torch.Tensor         # (N + 1, N + 1) bool: column j is an ancestor of row i or i itself
     earlier: torch.Tensor     # (N, N) float: column j is an earlier sibling of row i (nodes 1..N)
-    children: torch.Tensor    # (N + 1, max branching) child nodes in rank order, padded with 0
     n_children: torch.Tensor  # (N + 1,)
+    last_child: torch.Tensor  # (N + 1,) each node's last child (0 for a leaf)
+    max_children: int         # the most children any node has
     by_rank: list             # [(nodes of rank r, their previous siblings (rank r-1) or None)], r = 0..
-    by_depth: list            # [nodes at depth d] for d = 1..depth_max
-    internal_by_depth: list   # [nodes at depth d with children] for d = 1..depth_max - 1
     levels: list              # per depth d = 1..: (nodes, each one's parent among the inner nodes of depth d-1,
-    #                           its rank, the depth's inner nodes, their places among ``nodes``)
+    #                           its rank, the depth's inner nodes (those with children), their places among nodes)
 
     @property
     def size(self) -> int:
@@ -91,7 +90,7 @@ class StaticTree:
 
     @property
     def depth_max(self) -> int:
-        return len(self.by_depth)
+        return len(self.levels)
 
     @classmethod
     def build(cls, paths, device=None) -> StaticTree:
@@ -108,22 +107,14 @@ class StaticTree:
             for r in range(p[-1]):
                 earlier[index[p] - 1, index[p[:-1] + (r,)] - 1] = 1.0
         kids = [[index[c] for c in paths if c[:-1] == p] for p in [()] + list(paths)]
-        width = max(len(k) for k in kids)
-        children = torch.tensor([k + [0] * (width - len(k)) for k in kids])
-        ranks = max(p[-1] for p in paths) + 1
         by_rank = []
-        for r in range(ranks):
+        for r in range(max(p[-1] for p in paths) + 1):
             nodes = [index[p] for p in paths if p[-1] == r]
             prev = None if r == 0 else [index[p[:-1] + (r - 1,)] for p in paths if p[-1] == r]
             by_rank.append((torch.tensor(nodes, device=device),
                             None if prev is None else torch.tensor(prev, device=device)))
-        dmax = max(depth)
-        by_depth = [torch.tensor([i for i in range(1, N + 1) if depth[i] == d], device=device)
-                    for d in range(1, dmax + 1)]
-        internal = [torch.tensor([i for i in range(1, N + 1) if depth[i] == d and kids[i]], device=device)
-                    for d in range(1, dmax)]
         levels, parents = [], [0]
-        for d in range(1, dmax + 1):
+        for d in range(1, max(depth) + 1):
             nodes = [i for i in range(1, N + 1) if depth[i] == d]
             inner = [i for i in nodes if kids[i]]
             levels.append(tuple(torch.tensor(t, dtype=torch.long, device=device) for t in (
@@ -131,8 +122,9 @@ class StaticTree:
                 [nodes.index(i) for i in inner])))
             parents = inner
         return cls(tuple(paths), torch.tensor(parent, device=device), torch.tensor(depth, device=device),
-                   anc.to(device), earlier.to(device), children.to(device),
-                   torch.tensor([len(k) for k in kids], device=device), by_rank, by_depth, internal, levels)
+                   anc.to(device), earlier.to(device), torch.tensor([len(k) for k in kids], device=device),
+                   torch.tensor([k[-1] if k else 0 for k in kids], device=device), max(len(k) for k in kids),
+                   by_rank, levels)
 
     def target_mask(self, real: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Attention mask of a tree pass: queries = the root then nodes 1..N, keys = the cache's slots. ``real``
@@ -183,9 +175,8 @@ def tree_verify(tree: StaticTree, p: torch.Tensor, q: torch.Tensor, x: torch.Ten
     path = (hit * torch.arange(1, N1, device=p.device)[None, :, None]).sum(1)  # (B, depth_max)
     end = torch.cat([torch.zeros_like(k[:, None]), path], 1).gather(1, k[:, None]).squeeze(1)  # deepest node
     # the token after the path: from r_{m+1} of the end node's children (all rejected), or p at a leaf
-    last_child = tree.children.gather(1, (tree.n_children - 1).clamp_min(0)[:, None]).squeeze(1)[end]  # (B,)
     leaf = tree.n_children[end] == 0
-    idx = (last_child - 1).clamp_min(0)
+    idx = (tree.last_child[end] - 1).clamp_min(0)
     at = lambda t, i: t.gather(1, i[:, None, None].expand(B, 1, V)).squeeze(1)  # noqa: E731
     r_end = torch.where(leaf[:, None], at(p, end), _residual(at(r, idx), at(q, idx)))
     return path, k, sample_from_probs(r_end, ur)

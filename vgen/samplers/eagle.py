@@ -170,7 +170,7 @@ def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L:
             x = sample_from_probs(qp, uf[:, nodes - 1])
             qx = qp
         else:
-            top = Q.topk(int(tree.children.shape[1]), dim=-1).indices  # (B, parents, most children)
+            top = Q.topk(tree.max_children, dim=-1).indices  # (B, parents, most children)
             x = top[:, col, ranks]
             qx = torch.nn.functional.one_hot(x, V).to(qn.dtype)
         f[:, nodes - 1] = x
@@ -252,20 +252,14 @@ def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
     """From a sampler's step map (N, L: the pass that decided each token): the fraction of passes whose drafts were
     accepted to depth d, for d = 1..``depth`` (a pass that decides j tokens accepted j - 1 drafts). The prefill's
     token and each sample's last pass (cut short by the end of the image) are left out."""
-    reached, passes = [0] * depth, 0
-    for row in step_map.tolist():
-        runs = []
-        for s in row[next((i for i, s in enumerate(row) if s != row[0]), len(row)):]:
-            if runs and runs[-1][0] == s:
-                runs[-1][1] += 1
-            else:
-                runs.append([s, 1])
-        for _, m in runs[:-1]:
-            passes += 1
-            for d in range(min(m - 1, depth)):
-                reached[d] += 1
+    sm = step_map.long()
+    sm = sm - sm[:, :1]  # the prefill's pass: 0 (tokens are decided left to right: passes never decrease)
+    per_pass = torch.zeros(sm.shape[0], int(sm.max()) + 1, dtype=torch.long).scatter_add_(1, sm, torch.ones_like(sm))
+    per_pass[:, 0] = 0
+    per_pass.scatter_(1, sm[:, -1:], 0)  # the last pass
+    passes = int((per_pass > 0).sum())
+    reached = [int((per_pass > d + 1).sum()) for d in range(depth)]
     return [r / passes if passes else 0.0 for r in reached]
-
 
 @register_sampler
 class EagleSampler(SpeculativeSampler):
@@ -301,16 +295,16 @@ class EagleSampler(SpeculativeSampler):
         return draft
 
     @property
-    def tree(self) -> StaticTree | None:
-        return StaticTree.build(parse_tree(self.options.tree)) if self.options.tree else None
-
-    @property
     def step_fn(self):
         return eagle_tree_step if self.options.tree else eagle_step
 
+    def tree_window(self) -> int | None:
+        """With a tree: the base's window (the tree's nodes plus the last decided token)."""
+        return len(parse_tree(self.options.tree)) + 1 if self.options.tree else None
+
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
         o = self.options
-        tree_window = len(parse_tree(o.tree)) + 1 if o.tree else None  # the base's window: the tree's nodes + 1
+        tree_window = self.tree_window()
         if o.window == "auto" or (tree_window and o.window != tree_window):  # one width for the job, or AR's loop
             samples, job_batch = job_shape(cond.shape[0], batch_size)
             w = self.job_window(model, draft, min(samples, job_batch), codebook) if o.window == "auto" else \
@@ -319,13 +313,13 @@ class EagleSampler(SpeculativeSampler):
                 return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
             return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix,
                                       draft=draft)
-        self._drafter, self._tree = draft, self.tree
+        tree = StaticTree.build(parse_tree(o.tree), cond.device) if o.tree else None
+        self._drafter, self._tree = draft, tree
         try:
             tokens, stats = super()._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
         finally:
             self._drafter = self._tree = None
-        depth = self.tree.depth_max if o.tree else o.window - 1
-        stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], depth)
+        stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], tree.depth_max if tree else o.window - 1)
         return tokens, stats
 
     def job_window(self, model, draft, batch: int, codebook=None) -> int:
@@ -341,7 +335,7 @@ class EagleSampler(SpeculativeSampler):
         o = self.options
         settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
         w0 = next(model.parameters())
-        widths = [len(parse_tree(o.tree)) + 1] if o.tree else list(range(2, o.max_window + 1))
+        widths = [self.tree_window()] if o.tree else list(range(2, o.max_window + 1))
         path, table, name, known = width_table("eagle_speed.json", [
             model.config_dict(), draft.digest(), str(w0.dtype), w0.device.type, torch.get_num_threads(),
             torch.__version__, settings, batch])
@@ -365,9 +359,8 @@ class EagleSampler(SpeculativeSampler):
     def step_kwargs(self, model, rows: int) -> dict:
         if self._tree is None:
             return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows)}
-        dev = next(model.parameters()).device
         return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows, extra=self._tree.size),
-                "tree": StaticTree.build(self._tree.paths, dev), "children": self.options.children}
+                "tree": self._tree, "children": self.options.children}
 
     def new_cache(self, model, rows: int):
         if self._tree is None:
