@@ -184,25 +184,25 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
     the fastest window, whose tokens are that fixed window's, or AR's loop (AR's tokens) when none beats it."""
     import json
 
-    import vgen.samplers.eagle as eagle
+    import vgen.samplers.speculative as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     d = make_drafter(tiny_gpt, seed=1)
     kw = dict(cfg_scale=2.0, top_k=10, draft=d)
     auto, st = sample(tiny_gpt, [0, 1, 2], "eagle", seed=4, max_window=3, **kw)
-    table = json.loads((tmp_path / "eagle_speed.json").read_text())
+    table = json.loads((tmp_path / "spec_speed.json").read_text())
     (speeds,) = table.values()
     assert set(speeds) == {"1", "2", "3"} and all(v > 0 for v in speeds.values())
     best = max((2, 3), key=lambda w: speeds[str(w)])
-    if speeds[str(best)] >= eagle.EAGLE_MARGIN * speeds["1"]:
+    if speeds[str(best)] >= speculative.TIMED_MARGIN * speeds["1"]:
         want, _ = sample(tiny_gpt, [0, 1, 2], "eagle", seed=4, window=best, **kw)
     else:
         want, _ = sample(tiny_gpt, [0, 1, 2], "ar", seed=4, cfg_scale=2.0, top_k=10)
     assert torch.equal(auto, want)
-    monkeypatch.setattr(eagle, "EAGLE_MARGIN", 1e9)  # nothing can pay: AR's loop, AR's tokens, no new timing
+    monkeypatch.setattr(speculative, "TIMED_MARGIN", 1e9)  # nothing can pay: AR's loop, AR's tokens, no new timing
     ar_loop, st = sample(tiny_gpt, [0, 1, 2], "eagle", seed=4, max_window=3, **kw)
     ar, _ = sample(tiny_gpt, [0, 1, 2], "ar", seed=4, cfg_scale=2.0, top_k=10)
     assert torch.equal(ar_loop, ar) and st["mean_window"] == 1.0
-    assert json.loads((tmp_path / "eagle_speed.json").read_text()) == table
+    assert json.loads((tmp_path / "spec_speed.json").read_text()) == table
 
 
 # ---- static trees ------------------------------------------------------------------------------------------------

@@ -312,7 +312,47 @@ def test_adaptive_window_is_batch_invariant(tiny_gpt):
     assert 1 < st["mean_window"] < 4
 
 
+def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
+    """window=auto: AR's loop and widths 2 / 4 are timed whole once (cached per settings and job batch); the job
+    runs the fastest width (that fixed width's tokens) or AR's loop (AR's tokens) when none beats it by the margin."""
+    from vgen.samplers import speculative
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
+    first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    table = json.loads((tmp_path / "spec_speed.json").read_text())
+    (speed,) = table.values()
+    assert sorted(map(int, speed)) == [1, 2, 4] and all(v > 0 for v in speed.values())
+    fastest = max((2, 4), key=lambda w: speed[str(w)])
+    if speed[str(fastest)] >= speculative.TIMED_MARGIN * speed["1"]:
+        want, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=fastest, **kw)
+        assert st["mean_window"] == fastest
+    else:
+        want, _ = sample(tiny_gpt, [0, 1], "ar", seed=2, top_k=10, cfg_scale=2.0)
+        assert st["mean_window"] == 1
+    assert torch.equal(first, want)
+    again, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    assert json.loads((tmp_path / "spec_speed.json").read_text()) == table and torch.equal(first, again)  # cached
+    sample(tiny_gpt, [0, 1], "sjd", seed=2, top_p=0.9, max_window=4)
+    assert len(json.loads((tmp_path / "spec_speed.json").read_text())) == 2  # other settings: their own timing
+    sample(tiny_gpt, [0, 1], "sjd", seed=2, batch_size=1, **kw)
+    assert len(json.loads((tmp_path / "spec_speed.json").read_text())) == 3  # another batch size: its own timing
+    # the calls of one job (vgen sample's batches, torchrun's ranks) share the job's table: batches of 2 and a
+    # last batch of 1 draw what one call of all three draws
+    from vgen.samplers.base import sampling_job
+    whole, _ = sample(tiny_gpt, [0, 1, 2], "sjd", seed=2, batch_size=2, **kw)
+    with sampling_job(3, 2):
+        head, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, batch_size=2, **kw)
+        tail, _ = sample(tiny_gpt, [2], "sjd", seed=4, batch_size=2, **kw)
+    assert torch.equal(torch.cat([head, tail]), whole)
+    assert len(json.loads((tmp_path / "spec_speed.json").read_text())) == 3  # batch 2 again: the first table
+    monkeypatch.setattr(speculative, "TIMED_MARGIN", 1e9)  # nothing can pay: AR's loop, AR's tokens, no new timing
+    ar_loop, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    ar, st_ar = sample(tiny_gpt, [0, 1], "ar", seed=2, top_k=10, cfg_scale=2.0)
+    assert torch.equal(ar_loop, ar) and st["mean_window"] == 1.0 and st["forward_passes"] == st_ar["forward_passes"]
+
+
 def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
+    """scd's job rule prices widths from per-pass costs: measured once per settings and job batch, cached."""
     from vgen.samplers import speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     calls = []
@@ -322,26 +362,15 @@ def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
         calls.append(1)
         return real(*a, **k)
     monkeypatch.setattr(speculative, "pass_costs", counted)
-    first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4)
+    first, st = sample(tiny_gpt, [0, 1], "scd", seed=2, top_k=10, max_window=4)
     table = json.loads((tmp_path / "pass_costs.json").read_text())
     (entry,) = table.values()
     assert sorted(map(int, entry)) == [1, 2, 4] and all(c > 0 for c in entry.values())
-    again, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4)
+    again, _ = sample(tiny_gpt, [0, 1], "scd", seed=2, top_k=10, max_window=4)
     assert json.loads((tmp_path / "pass_costs.json").read_text()) == table  # read back, not measured again
     assert torch.equal(first, again) and len(calls) == 2
-    sample(tiny_gpt, [0, 1], "sjd", seed=2, top_p=0.9, max_window=4)
-    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 2  # other settings: their own costs
-    sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=1)
-    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 3  # another batch size: its own costs
-    # the calls of one job (vgen sample's batches, torchrun's ranks) share the job's table: batches of 2 and a
-    # last batch of 1 draw what one call of all three draws
-    from vgen.samplers.base import sampling_job
-    whole, _ = sample(tiny_gpt, [0, 1, 2], "sjd", seed=2, top_k=10, max_window=4, batch_size=2)
-    with sampling_job(3, 2):
-        head, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, top_k=10, max_window=4, batch_size=2)
-        tail, _ = sample(tiny_gpt, [2], "sjd", seed=4, top_k=10, max_window=4, batch_size=2)
-    assert torch.equal(torch.cat([head, tail]), whole)
-    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 3  # batch 2 again: the first table
+    sample(tiny_gpt, [0, 1], "scd", seed=2, top_k=10, max_window=4, batch_size=1)
+    assert len(json.loads((tmp_path / "pass_costs.json").read_text())) == 2  # another batch size: its own costs
 
 
 @pytest.mark.parametrize("opts,match", [(dict(window="wide"), "window must be auto or a whole number"),

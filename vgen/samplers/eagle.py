@@ -40,13 +40,10 @@ from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.gsd import gsd_rule
 from vgen.samplers.lantern import lantern_rule
 from vgen.samplers.sjd import sjd_rule
-from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, verify, width_table
+from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, timed_width, verify
 
 ACCEPT = ("exact", "lantern", "gsd")
 CHILDREN = ("sample", "top")
-# window=auto leaves AR's loop only for a width timed this much faster (the timing covers the whole loop, so the
-# margin only has to cover timing noise: 5-10% between runs on this machine)
-EAGLE_MARGIN = 1.1
 
 
 @dataclass
@@ -307,8 +304,10 @@ class EagleSampler(SpeculativeSampler):
         tree_window = self.tree_window()
         if o.window == "auto" or (tree_window and o.window != tree_window):  # one width for the job, or AR's loop
             samples, job_batch = job_shape(cond.shape[0], batch_size)
-            w = self.job_window(model, draft, min(samples, job_batch), codebook) if o.window == "auto" else \
-                tree_window
+            b = min(samples, job_batch)
+            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.fixed(w)._run(
+                model, c, s, False, b, codebook=codebook, draft=draft), ident=(draft.digest(),)) \
+                if o.window == "auto" else tree_window
             if w == 1:
                 return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
             return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix,
@@ -322,39 +321,8 @@ class EagleSampler(SpeculativeSampler):
         stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], tree.depth_max if tree else o.window - 1)
         return tokens, stats
 
-    def job_window(self, model, draft, batch: int, codebook=None) -> int:
-        """window=auto: tokens per second of AR's loop and of every window 2..max_window, timed once on
-        ``CALIBRATION_SAMPLES`` samples of fixed classes and seeds at the job's batch size (the whole loop: target
-        pass, verification, the head's catch-up and chain, host work), cached in ``$VGEN_CACHE/eagle_speed.json``
-        per model, head, device, threads and settings; the fastest, if it beats AR by ``EAGLE_MARGIN``, else 1."""
-        import dataclasses
-        import time
-
-        from vgen.io import atomic_write_json
-        from vgen.samplers.speculative import CALIBRATION_SAMPLES
-        o = self.options
-        settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
-        w0 = next(model.parameters())
-        widths = [self.tree_window()] if o.tree else list(range(2, o.max_window + 1))
-        path, table, name, known = width_table("eagle_speed.json", [
-            model.config_dict(), draft.digest(), str(w0.dtype), w0.device.type, torch.get_num_threads(),
-            torch.__version__, settings, batch])
-        if not all(w in known for w in [1] + widths):
-            k = max(CALIBRATION_SAMPLES, batch)
-            cond = torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=w0.device)
-            seeds = [2 ** 62 + i for i in range(k)]
-            runs = [(1, lambda: self._plain_ar(model, cond, seeds, False, batch, None))] + [
-                (w, lambda w=w: self.fixed(w)._run(model, cond, seeds, False, batch, codebook=codebook, draft=draft))
-                for w in widths]
-            for w, run in runs:
-                with torch.inference_mode():
-                    t0 = time.perf_counter()
-                    run()
-                    known[w] = k * model.seq_len / (time.perf_counter() - t0)
-            table[name] = {str(w): v for w, v in sorted(known.items())}
-            atomic_write_json(path, table)
-        best = max(widths, key=lambda w: known[w])
-        return best if known[best] >= EAGLE_MARGIN * known[1] else 1
+    def timed_widths(self) -> list[int]:
+        return [self.tree_window()] if self.options.tree else list(range(2, self.options.max_window + 1))
 
     def step_kwargs(self, model, rows: int) -> dict:
         if self._tree is None:

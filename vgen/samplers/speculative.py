@@ -50,12 +50,14 @@ class SpeculativeOptions(SamplingOptions):
     drawn from (uniform for random, the sampled distribution for sample; copies are deterministic, so one-hot);
     ``onehot`` is the official SJD code's choice. Both are lossless; the proposal accepts more."""
     window: int | str = option("auto", "tokens per forward pass: the last accepted one plus window-1 drafts; auto "
-                               "(cost-aware): chosen every pass from the measured cost of each width and the "
-                               "observed acceptance, 1 = a plain AR step")
+                               "(cost-aware): the width 2 / 4 / 8 (or AR's own loop) with the most tokens per "
+                               "second in whole runs timed once per model, device, settings and the job's batch "
+                               "size (cached on disk); with costs given, chosen for each sample before every pass "
+                               "from those costs and the acceptance it observes (width 1 = a plain AR step)")
     max_window: int = option(8, "window=auto: the widest pass it may choose")
-    costs: str = option("", "window=auto: one sample's relative pass costs per width, e.g. '1:1,2:1.3,4:1.8' "
-                        "(widths then never depend on the batch size); empty: measured once per model, device, "
-                        "settings and the job's batch size, cached on disk")
+    costs: str = option("", "window=auto: one sample's relative pass costs per width, e.g. '1:1,2:1.3,4:1.8': "
+                        "widths chosen per sample and pass from them (never dependent on the batch size or the "
+                        "machine); empty: the timed rule")
     init: str = option("random", "drafts for new positions: random (uniform), horizontal (copy the left token), "
                        "vertical (copy the token above; left in the first row), sample (draw from the target), "
                        "temporal (video: copy the token at the same place in the previous frame; vertical in the "
@@ -328,6 +330,52 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     return {w: known[w] for w in widths}
 
 
+# window=auto (the timed rule) leaves AR's loop only for a width timed this much faster: the timing covers the whole
+# loop, so the margin only has to cover timing noise (5-10% between runs on this machine)
+TIMED_MARGIN = 1.1
+TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
+
+
+def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = ()) -> int:
+    """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler._plain_ar``) and
+    ``run(w, cond, seeds)`` (the sampler at fixed width w, ``batch`` samples per pass) for each of ``widths`` are
+    timed whole -- target passes, verification, drafting and the loop's host work -- on ``max(TIMED_SAMPLES,
+    batch)`` samples of fixed classes and seeds, interleaved, best of two (compiled runs get one untimed run of
+    ``batch`` samples first, so no compilation is timed). Tokens per second are cached in
+    ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
+    threads, torch version, settings and batch; the fastest width, if it beats AR's loop by ``TIMED_MARGIN``."""
+    import dataclasses
+
+    from vgen.io import atomic_write_json
+    o = sampler.options
+    settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("spec_speed.json", [
+        sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
+        torch.get_num_threads(), torch.__version__, settings, batch])
+    if not all(w in known for w in [1] + widths):
+        k = max(TIMED_SAMPLES, batch)
+        cond = torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=w0.device)
+        seeds = [2 ** 62 + i for i in range(k)]
+        runs = [(1, lambda c, s: sampler._plain_ar(model, c, s, False, batch, None))]
+        runs += [(w, lambda c, s, w=w: run(w, c, s)) for w in widths]
+        best = {}
+        with torch.inference_mode():
+            if o.compile:
+                for _, go in runs:
+                    go(cond[:batch], seeds[:batch])
+            for _ in range(2):
+                for w, go in runs:
+                    t0 = time.perf_counter()
+                    go(cond, seeds)
+                    best[w] = max(best.get(w, 0.0), k * model.seq_len / (time.perf_counter() - t0))
+        known.update(best)
+        table[name] = {str(w): v for w, v in sorted(known.items())}
+        atomic_write_json(path, table)
+    fastest = max(widths, key=lambda w: known[w])
+    return fastest if known[fastest] >= TIMED_MARGIN * known[1] else 1
+
+
 class WidthPolicy:
     """Cost-aware window: before each pass, the width with the most expected tokens per unit of cost, from the
     pass costs and a running estimate of the per-draft acceptance (decayed sums of accepted and checked drafts
@@ -403,11 +451,15 @@ class SpeculativeSampler(Sampler):
     Options = SpeculativeOptions
     rule = None
     prefix = True
-    # window=auto: "pass" chooses each sample's width before every pass from the acceptance it observes
-    # (:class:`WidthPolicy`); "job" one width for the whole job from calibrated tokens per pass
-    # (:func:`pass_tokens`), for drafts whose acceptance grows with the passes they stay in the window (coupled
-    # drafts: a per-pass choice from the current acceptance never sees that)
-    width_rule = "pass"
+    # window=auto: "timed" runs the width (or AR's loop) with the most tokens per second in whole timed runs
+    # (:func:`timed_width`; with ``costs`` given, each sample's width is chosen before every pass from those costs
+    # and the acceptance it observes, :class:`WidthPolicy`); "job" one width for the whole job from the pass costs
+    # and calibrated tokens per pass (:func:`pass_tokens`)
+    width_rule = "timed"
+
+    def timed_widths(self) -> list[int]:
+        """The fixed widths window=auto's timed rule tries (besides AR's loop)."""
+        return [w for w in WIDTHS if 2 <= w <= self.options.max_window]
 
     def fixed(self, window: int) -> SpeculativeSampler:
         """This sampler with a fixed ``window``."""
@@ -492,7 +544,15 @@ class SpeculativeSampler(Sampler):
         step_fn = self.step_fn
         step = compiled(step_fn) if o.compile else step_fn
         costs = None
-        if adaptive:
+        if adaptive and type(self).width_rule == "timed" and not o.costs:  # one timed width for the job, or AR's loop
+            samples, job_batch = job_shape(N, batch_size)
+            b = min(samples, job_batch)
+            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.fixed(w)._run(
+                model, c, s, False, b, codebook=codebook))
+            if w == 1:
+                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
+            return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
+        if adaptive:  # per-pass widths from given costs, or scd's job rule
             samples, job_batch = job_shape(N, batch_size)  # the job's batch: one table for all its calls
             cost_batch = 1 if o.costs else min(samples, job_batch)  # given costs: one sample's (batch-invariant)
             costs = parse_costs(o.costs) if o.costs else pass_costs(
