@@ -176,3 +176,55 @@ def test_cspd_exact_with_a_coarse_draft(pair, rule):
                      draft_refresh=3, **OPTS)
     assert 0.0 < st["acceptance_rate"] < 1.0
     assert energy_test(target_alone(target, 0.3), got)[1] > 0.01
+
+
+def test_cspd_path_rule_is_batch_invariant(pair):
+    """A sample's tokens, residual draws included, depend on its seed only: alone or in any batch, up to float
+    rounding of batched matrix products (other row counts), which this micro model's reverse process and its
+    conditioning on earlier tokens amplify to ~1e-3 by the last token; another decision or another residual
+    candidate would move a token by O(1)."""
+    target, draft = pair
+    labels, kw = [1, 0, 1, 1, 0], dict(sampler="cspd", draft=draft, seed=5, rule="path", stop_sigma=0.3, **OPTS)
+    whole, st = sample(target, labels, **kw)
+    assert st["acceptance_rate"] < 1.0  # residual draws happened
+    parts, _ = sample(target, labels, batch_size=2, **kw)
+    torch.testing.assert_close(parts, whole, atol=1e-2, rtol=0)
+
+
+def test_continuous_compile_option():
+    """compile=auto decides from the job's head calls against the warm-up (a cold cache: the same choice on every
+    machine state); a bad value is a one-line error; the sampler that runs sees a bool."""
+    from vgen.samplers.base import sampler_class, sampling_job
+    from vgen.interfaces import Order
+    model = micro(0)
+    o = sampler_class("ar", Order.CONTINUOUS_NEXT_TOKEN).Options(compile="AUTO")
+    o.validate()
+    assert o.compile == "auto"
+    assert not o.compile_pays(model, 10, 10)           # 4 head calls: never repays a compilation
+    assert o.compile_pays(model, 10 ** 4, 1)           # 40,000 head calls: repays it
+    s = sampler_class("ar", Order.CONTINUOUS_NEXT_TOKEN)()
+    assert s.resolved(model, 4, 4).options.compile is False
+    with sampling_job(10 ** 4, 1):
+        assert s.resolved(model, 4, 4).options.compile is True
+    with pytest.raises(VGenError, match="compile must be true, false or auto"):
+        sample(model, [0], sampler="ar", compile="sometimes")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("refresh", [1, 3])
+def test_compiled_head_matches_eager(refresh):
+    """The compiled reverse process (rows padded to a power of two) draws what the eager one does, to float
+    rounding: tokens, last-step Gaussians, whole paths and their densities, with per-row guidance and a noise floor.
+    Every sampler runs the same code around either, so CSpD's exactness carries over to compile=true."""
+    head = micro(0, channels=3, steps=25).diffloss
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn((6, head.net.cond_embed.in_features), generator=g)
+    noise, step_noise = torch.randn((3, 3), generator=g), torch.randn((25, 3, 3), generator=g)
+    cfg = torch.tensor([1.0, 2.0, 3.0])
+    with torch.no_grad():
+        runs = [head.sample(z, noise, step_noise, 0.9, cfg, None, True, 0.05, 3.0, path=True, refresh=refresh,
+                            compiled=c) for c in (False, True)]
+    for name in ("token", "mean", "log_std", "states", "path_logpdf"):
+        torch.testing.assert_close(getattr(runs[1], name), getattr(runs[0], name), atol=2e-5, rtol=2e-5,
+                                   check_dtype=False, msg=name)
+    assert runs[1].states.shape[1] == 3 and runs[1].token.shape[0] == 3  # the padding rows never leave the call

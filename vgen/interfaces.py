@@ -152,11 +152,11 @@ class DiffusionHeadModel(GenerativeModel, Protocol):
     def sample_head(self, z: torch.Tensor, noise: torch.Tensor, step_noise: torch.Tensor, temperature: float = 1.0,
                     cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, last_noise: bool = False,
                     stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False,
-                    refresh: int = 1) -> HeadSample:
+                    refresh: int = 1, compiled: bool = False) -> HeadSample:
         """Conditions ``z`` (B, D) ((2B, D) rows [cond; uncond] when guided), start noise (B, C), per-step noise
         (steps, B, C) -> the token (B, C) and its last step's Gaussian (see :mod:`vgen.models.diffusion_head`);
         ``path``: also the reverse process's states and their log-density; ``refresh``: run the network every this many
-        steps only (a cheaper draft)."""
+        steps only (a cheaper draft); ``compiled``: run the reverse process through ``torch.compile``."""
 
     def head_path_logpdf(self, z: torch.Tensor, states: torch.Tensor, temperature: float = 1.0,
                          cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, stop_sigma: float = 0.0,

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 TRAIN_STEPS = 1000
+HEAD_RUN = 10  # reverse steps per call of DiffusionHead.reverse_steps (a compiled graph per run length)
 
 
 def modulate(x, shift, scale):
@@ -69,7 +70,11 @@ class ResBlock(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(ch, 3 * ch))
 
     def forward(self, x, y):
-        shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
+        return self.modulated(x, self.adaLN_modulation(y))
+
+    def modulated(self, x, mod):
+        """The block given its modulation ``adaLN_modulation(y)`` (computed ahead for many steps at once)."""
+        shift, scale, gate = mod.chunk(3, dim=-1)
         return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
 
 
@@ -81,7 +86,10 @@ class FinalLayer(nn.Module):
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(ch, 2 * ch))
 
     def forward(self, x, c):
-        shift, scale = self.adaLN_modulation(c).chunk(2, dim=-1)
+        return self.modulated(x, self.adaLN_modulation(c))
+
+    def modulated(self, x, mod):
+        shift, scale = mod.chunk(2, dim=-1)
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
@@ -119,10 +127,18 @@ class SimpleMLPAdaLN(nn.Module):
     def trunk(self, x, y):
         """The network after its embeddings: ``y`` = time embedding + condition embedding (sampling computes the
         condition's once per token and the time's once per schedule, not once per step)."""
+        return self.trunk_modulated(x, self.modulations(y))
+
+    def modulations(self, y) -> list[torch.Tensor]:
+        """Every layer's adaLN modulation of embeddings ``y`` (any leading shape): they do not depend on the noisy
+        token, so a reverse process computes them for a run of steps in one call per layer."""
+        return [block.adaLN_modulation(y) for block in self.res_blocks] + [self.final_layer.adaLN_modulation(y)]
+
+    def trunk_modulated(self, x, mods):
         x = self.input_proj(x)
-        for block in self.res_blocks:
-            x = block(x, y)
-        return self.final_layer(x, y)
+        for block, mod in zip(self.res_blocks, mods):
+            x = block.modulated(x, mod)
+        return self.final_layer.modulated(x, mods[-1])
 
 
 def ddpm_scheduler(num_inference_steps: int | None = None):
@@ -176,15 +192,7 @@ class Schedule:
         """Step ``i`` (0 = the noisiest) at ``x`` (B, C) given the network's output (B, 2C) -> its Gaussian.
         ``clip_x0`` > 0 clamps the x0 prediction to [-clip_x0, clip_x0] (guided-diffusion's ``clip_denoised``
         with a range; MAR runs without)."""
-        c = self.rows[i]
-        eps, var_value = out.chunk(2, dim=-1)
-        x0 = c["sqrt_recip"] * x - c["sqrt_recipm1"] * eps
-        if clip_x0 > 0:
-            x0 = x0.clamp(-clip_x0, clip_x0)
-        mean = c["coef_x0"] * x0 + c["coef_xt"] * x
-        half = (c["max_log"] - c["min_log"]) / 2  # log_var = frac * max_log + (1 - frac) * min_log, frac = (v+1)/2
-        log_var = var_value * half + (half + c["min_log"])
-        return Step(mean, log_var, x0)
+        return gaussian_step(self.rows[i], x, out, clip_x0)
 
     def tensors(self, device, dtype) -> dict:
         """The per-step constants as (S,) tensors (for steps evaluated as rows of one batch)."""
@@ -196,20 +204,25 @@ class Schedule:
 
     def step_rows(self, idx: torch.Tensor, x: torch.Tensor, out: torch.Tensor, clip_x0: float, k: dict) -> Step:
         """:meth:`step` for rows at different steps ``idx`` (R,) (``k``: :meth:`tensors`)."""
-        c = {name: v[idx][:, None] for name, v in k.items()}
-        eps, var_value = out.chunk(2, dim=-1)
-        x0 = c["sqrt_recip"] * x - c["sqrt_recipm1"] * eps
-        if clip_x0 > 0:
-            x0 = x0.clamp(-clip_x0, clip_x0)
-        mean = c["coef_x0"] * x0 + c["coef_xt"] * x
-        half = (c["max_log"] - c["min_log"]) / 2
-        return Step(mean, var_value * half + (half + c["min_log"]), x0)
+        return gaussian_step({name: v[idx][:, None] for name, v in k.items()}, x, out, clip_x0)
 
     def stop_index(self, stop_sigma: float) -> int:
         """The last step to run: the first whose output noise level sqrt(1 - abar) is <= ``stop_sigma``."""
         sig = torch.sqrt(1 - self.abar_prev)
         hits = (sig <= stop_sigma).nonzero()
         return int(hits[0]) if len(hits) else self.num_steps - 1
+
+
+def gaussian_step(c, x: torch.Tensor, out: torch.Tensor, clip_x0: float) -> Step:
+    """One reverse step's Gaussian at ``x`` from the network's output ``out`` (noise prediction, variance value);
+    ``c``: the step's constants (:attr:`Schedule.consts` names; numbers, or tensors broadcasting against ``x``)."""
+    eps, var_value = out.chunk(2, dim=-1)
+    x0 = c["sqrt_recip"] * x - c["sqrt_recipm1"] * eps
+    if clip_x0 > 0:
+        x0 = x0.clamp(-clip_x0, clip_x0)
+    mean = c["coef_x0"] * x0 + c["coef_xt"] * x
+    half = (c["max_log"] - c["min_log"]) / 2  # log_var = frac * max_log + (1 - frac) * min_log, frac = (v+1)/2
+    return Step(mean, var_value * half + (half + c["min_log"]), x0)
 
 
 @functools.lru_cache(maxsize=16)
@@ -290,49 +303,100 @@ class DiffusionHead(nn.Module):
     def _out(self, x: torch.Tensor, y: torch.Tensor, cfg, guide: bool) -> torch.Tensor:
         """The network's output at ``x`` (R, C) for embeddings ``y`` ((2R, W) rows [cond; uncond] when guided: MAR's
         forward_with_cfg, guided noise and the conditional half's variance)."""
+        return self._guided(x, self.net.modulations(y), cfg, guide)
+
+    def _guided(self, x: torch.Tensor, mods: list[torch.Tensor], cfg, guide: bool) -> torch.Tensor:
+        """:meth:`_out` given the embeddings' modulations (:meth:`SimpleMLPAdaLN.modulations`)."""
         if not guide:
-            return self.net.trunk(x, y)
+            return self.net.trunk_modulated(x, mods)
         C = self.in_channels
-        out = self.net.trunk(torch.cat([x, x]), y)
+        out = self.net.trunk_modulated(torch.cat([x, x]), mods)
         cond, uncond = out[:, :C].chunk(2)
         return torch.cat([uncond + cfg * (cond - uncond), out[: len(x), C:]], dim=-1)
 
+    def reverse_steps(self, x: torch.Tensor, y: torch.Tensor, consts: dict, step_noise: torch.Tensor, cfg,
+                      log_temp: torch.Tensor, clip_x0: float, guide: bool, refresh: int = 1):
+        """A run of S reverse steps from ``x`` (R, C): ``y`` (S, R', W) the steps' embeddings (time + condition),
+        ``consts`` the steps' :attr:`Schedule.consts` as (S,) tensors, ``step_noise`` (S, R, C), ``cfg`` a 0-dim or
+        (R, 1) tensor, ``log_temp`` 0-dim. Each step: the network (its modulations computed for the whole run in one
+        call per layer), guidance, the step's Gaussian, and ``x <- mean + exp(log_std) * noise``; the network runs at
+        steps 0, ``refresh``, ... of the run only. A plain function of tensors: :meth:`sample` calls it eagerly or
+        compiled (``torch.compile``, one graph per run length). -> (states, means, log_stds), each (S, R, C)."""
+        mods = self.net.modulations(y)
+        states, means, log_stds = [], [], []
+        out = None
+        for j in range(consts["sqrt_recip"].shape[0]):
+            if j % refresh == 0:
+                out = self._guided(x, [m[j] for m in mods], cfg, guide)
+            st = gaussian_step({k: v[j] for k, v in consts.items()}, x, out, clip_x0)
+            log_std = 0.5 * st.log_var + log_temp
+            x = st.mean + log_std.exp() * step_noise[j]
+            states.append(x)
+            means.append(st.mean)
+            log_stds.append(log_std)
+        return torch.stack(states), torch.stack(means), torch.stack(log_stds)
+
+    def compiled_reverse_steps(self):
+        """:meth:`reverse_steps` under ``torch.compile`` (made once per head; static shapes: :meth:`sample` pads the
+        rows to a power of two, so a job compiles one graph per row bucket and run length)."""
+        fn = self.__dict__.get("_compiled_reverse")
+        if fn is None:  # vgen's compile settings and on-disk cache (docs/compile.md)
+            from vgen.kernels.decode import compiled
+            fn = self.__dict__["_compiled_reverse"] = compiled(self.reverse_steps)
+        return fn
+
     def sample(self, z: torch.Tensor, noise: torch.Tensor, step_noise: torch.Tensor, temperature: float = 1.0,
                cfg: float | torch.Tensor = 1.0, num_steps: int | None = None, last_noise: bool = False,
-               stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False, refresh: int = 1) -> HeadSample:
+               stop_sigma: float = 0.0, clip_x0: float = 0.0, path: bool = False, refresh: int = 1,
+               compiled: bool = False) -> HeadSample:
         """Run the reverse process for conditions ``z`` (B, D) -- (2B, D) rows [cond; uncond] when guided (``cfg``
         a number != 1 or a (B,) tensor of per-row scales) -- from ``noise`` (B, C) with ``step_noise[i]`` (B, C)
         at step i; ``clip_x0``: see :meth:`Schedule.step`. Returns the token and its last step's Gaussian; with
         ``path`` also every state of the reverse process and the path's log-density (see :meth:`path_logpdf`).
         ``refresh`` > 1: the network runs at every ``refresh``-th step only and its last output (noise prediction
         and variance value) serves the steps in between: a cheaper, coarser sampler (a speculative draft's; each
-        step is still a Gaussian given the path so far, so its path density stays exact)."""
+        step is still a Gaussian given the path so far, so its path density stays exact). The steps run in runs of
+        :data:`HEAD_RUN` (a multiple of ``refresh``) through :meth:`reverse_steps`, compiled when ``compiled``."""
         sch = schedule(num_steps or self.num_sampling_steps)
         guide = torch.is_tensor(cfg) or cfg != 1.0
         last = sch.stop_index(stop_sigma) if stop_sigma > 0 else len(sch) - 1
+        dev, dt = z.device, z.dtype
         c_emb = self.net.cond_embed(z)                   # once per token, not per step
-        t_emb = self.time_table(sch, z.device, z.dtype)  # once per schedule
-        if guide:
-            cfg = cfg.reshape(-1, 1).to(z.dtype) if torch.is_tensor(cfg) else cfg
-        x = noise
-        log_temp = math.log(max(temperature, 1e-12))
-        states, logq = [x], torch.zeros(len(x), dtype=torch.float64, device=x.device)
-        for i in range(last + 1):
-            if i % refresh == 0:
-                out = self._out(x, t_emb[i] + c_emb, cfg, guide)
-            st = sch.step(i, x, out, clip_x0)
-            log_std = 0.5 * st.log_var + log_temp
-            if i < last or path:
-                x = st.mean + log_std.exp() * step_noise[i]
-                if path:
-                    states.append(x)
-                    logq += gaussian_logpdf(x, st.mean, log_std)
+        t_emb = self.time_table(sch, dev, dt)            # once per schedule
+        cfg_t = (cfg.reshape(-1, 1) if torch.is_tensor(cfg) else torch.tensor(float(cfg))).to(dev, dt)
+        log_temp = torch.tensor(math.log(max(temperature, 1e-12)), device=dev, dtype=dt)
+        consts = sch.tensors(dev, dt)
+        run = -(-HEAD_RUN // refresh) * refresh
+        fn = self.compiled_reverse_steps() if compiled else self.reverse_steps
+        R = len(noise)
+        if compiled and R & (R - 1):  # rows padded to a power of two: a few compiled graphs serve every row count
+            pad = (1 << R.bit_length()) - R
+            c_emb = torch.cat([torch.cat([h, h[:1].expand(pad, -1)]) for h in c_emb.chunk(2 if guide else 1)])
+            if cfg_t.dim():
+                cfg_t = torch.cat([cfg_t, cfg_t[:1].expand(pad, -1)])
+            noise_in = torch.cat([noise, noise.new_zeros(pad, noise.shape[1])])
+            step_noise = torch.cat([step_noise, step_noise.new_zeros(len(step_noise), pad, step_noise.shape[2])], 1)
+        else:
+            noise_in = noise
+        x, parts = noise_in, []
+        for s in range(0, last + 1, run):
+            e = min(last + 1, s + run)
+            part = fn(x, t_emb[s:e, None] + c_emb[None], {k: v[s:e] for k, v in consts.items()}, step_noise[s:e],
+                      cfg_t, log_temp, float(clip_x0), guide, refresh)
+            parts.append(part)
+            x = part[0][-1]
+        if len(x) != R:
+            parts = [tuple(t[:, :R] for t in part) for part in parts]
+            step_noise = step_noise[:, :R]
+        mean_l, log_std_l = parts[-1][1][-1], parts[-1][2][-1]
         scale = sch.out_scale[last]
-        mean, log_std = st.mean / scale, log_std - math.log(scale)
+        mean, log_std = mean_l / scale, log_std_l - math.log(scale)
         token = mean + log_std.exp() * step_noise[last] if (last_noise or last < len(sch) - 1) else mean
-        if path:
-            return HeadSample(token, mean, log_std, torch.stack(states), logq)
-        return HeadSample(token, mean, log_std)
+        if not path:
+            return HeadSample(token, mean, log_std)
+        states, means, log_stds = (torch.cat([p[i] for p in parts]) for i in range(3))
+        logq = gaussian_logpdf(states, means, log_stds).sum(0)
+        return HeadSample(token, mean, log_std, torch.cat([noise[None], states]), logq)
 
     @torch.no_grad()
     def path_logpdf(self, z: torch.Tensor, states: torch.Tensor, temperature: float = 1.0,
@@ -382,10 +446,10 @@ class HeadSampling:
     name): inputs are cast to the head's dtype."""
 
     def sample_head(self, z, noise, step_noise, temperature=1.0, cfg=1.0, num_steps=None, last_noise=False,
-                    stop_sigma=0.0, clip_x0=0.0, path=False, refresh=1) -> HeadSample:
+                    stop_sigma=0.0, clip_x0=0.0, path=False, refresh=1, compiled=False) -> HeadSample:
         dt = self.diffloss.net.input_proj.weight.dtype
         return self.diffloss.sample(z.to(dt), noise.to(dt), step_noise.to(dt), temperature, cfg, num_steps,
-                                    last_noise, stop_sigma, clip_x0, path, refresh)
+                                    last_noise, stop_sigma, clip_x0, path, refresh, compiled)
 
     def head_path_logpdf(self, z, states, temperature=1.0, cfg=1.0, num_steps=None, stop_sigma=0.0, clip_x0=0.0,
                          refresh=1):

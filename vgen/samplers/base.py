@@ -71,6 +71,11 @@ class Options:
             if choices and v not in choices:
                 raise VGenError(f"{f.name} must be one of {', '.join(map(str, choices))}, got {v!r}")
 
+    def compile_pays(self, model, samples: int, batch_size: int) -> bool:
+        """``compile=auto``'s decision for a job of ``samples`` in batches of ``batch_size`` on ``model``: by
+        default :func:`auto_compile` (a compiled decode step's saving against its warm-up)."""
+        return auto_compile(model.seq_len, samples, batch_size)
+
 
 @dataclass
 class TokenOptions(Options):
@@ -239,13 +244,13 @@ class Sampler:
 
     def resolved(self, model, n: int, batch_size: int) -> Sampler:
         """The sampler that runs a call of ``n`` samples on ``model``, ``batch_size`` per pass: this one, or where its
-        option ``compile`` is "auto" a copy with :func:`auto_compile`'s decision (for the job of :func:`sampling_job`
+        option ``compile`` is "auto" a copy with its options' ``compile_pays`` decision (for the job of :func:`sampling_job`
         if one is open), so ``_run`` and ``_sample`` only ever see a bool."""
         if getattr(self.options, "compile", None) != "auto":
             return self
         run = copy.copy(self)
         job = job_shape(n, batch_size)
-        run.options = dataclasses.replace(self.options, compile=auto_compile(model.seq_len, *job))
+        run.options = dataclasses.replace(self.options, compile=self.options.compile_pays(model, *job))
         return run
 
     def check_prefix(self, model, prefix: torch.Tensor, n: int) -> torch.Tensor:

@@ -16,7 +16,13 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
-from vgen.samplers.base import Options, Sampler, option
+from vgen.samplers.base import Options, Sampler, compile_value, option
+
+# compile=auto's cost model for the diffusion head (docs/compile.md, photos-car on the 2-core CPU): a compiled reverse
+# process (100 steps) saves about HEAD_SAVED_S_PER_CALL per token at batch 1 (eager 78 ms -> compiled ~25 ms; less
+# relative at batch 8), and compiling it for one model takes about HEAD_WARMUP_S on an empty inductor cache.
+HEAD_SAVED_S_PER_CALL = 0.04
+HEAD_WARMUP_S = 60.0
 
 
 @dataclass
@@ -34,6 +40,8 @@ class ContinuousOptions(Options):
                                "std is not seen in the decoded image")
     clip_x0: float = option(0.0, "clamp the head's x0 prediction to [-clip_x0, clip_x0] at every step (0 = off, "
                             "MAR's way; short-trained heads need it: see vgen.models.diffusion_head)")
+    compile: bool | str = option("auto", "torch.compile the diffusion head's reverse process: true, false, or auto "
+                                 "(compiled when the job's head calls repay the warm-up; docs/compile.md)")
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
@@ -48,6 +56,14 @@ class ContinuousOptions(Options):
             raise VGenError(f"clip_x0 must be >= 0 (0 = off), got {self.clip_x0}")
         if not 0.0 <= self.stop_sigma < 1.0:
             raise VGenError(f"stop_sigma must be in [0, 1) (0 = the whole reverse process), got {self.stop_sigma}")
+        self.compile = compile_value(self.compile)
+
+    def compile_pays(self, model, samples: int, batch_size: int) -> bool:
+        """``compile=auto`` for continuous tokens: the head's reverse process is compiled when the job's head calls
+        (one per token per batch) save more than the warm-up (:data:`HEAD_SAVED_S_PER_CALL`,
+        :data:`HEAD_WARMUP_S`). Counted for a cold inductor cache, so the choice never depends on earlier runs."""
+        calls = -(-samples // batch_size) * model.seq_len
+        return calls * HEAD_SAVED_S_PER_CALL >= HEAD_WARMUP_S
 
     @property
     def guided(self) -> bool:
@@ -125,7 +141,7 @@ def draw_tokens(model, z: torch.Tensor, noise: TokenNoise, rows: torch.Tensor, p
     return model.sample_head(z, start, step_noise, options.temperature, guidance(options, positions, length, guided,
                                                                                 z.dtype),
                              steps or options.steps(model), last_noise=True, stop_sigma=options.stop_sigma,
-                             clip_x0=options.clip_x0, path=path, refresh=refresh)
+                             clip_x0=options.clip_x0, path=path, refresh=refresh, compiled=options.compile is True)
 
 
 def guidance(options: ContinuousOptions, positions: torch.Tensor, length: int, guided: bool, dtype=torch.float32):

@@ -103,7 +103,8 @@ class MARSampler(ContinuousSampler):
                 start, steps = noise.at(hr, hp)
                 out = model.sample_head(zs, start, steps, temperature=o.temperature,
                                         cfg=o.cfg_at(L - left, L) if guided else 1.0, num_steps=S,
-                                        last_noise=o.last_noise, stop_sigma=o.stop_sigma, clip_x0=o.clip_x0)
+                                        last_noise=o.last_noise, stop_sigma=o.stop_sigma, clip_x0=o.clip_x0,
+                                        compiled=o.compile is True)
                 tokens[r, p] = out.token[:n].to(tokens.dtype)
                 mask[r, p] = 0.0
                 step_map[r, p] = step
