@@ -312,6 +312,23 @@ def test_adaptive_window_is_batch_invariant(tiny_gpt):
     assert 1 < st["mean_window"] < 4
 
 
+def test_timed_choice_needs_a_paired_win_in_most_rounds_and_no_loss(monkeypatch):
+    """The timed rule compares each round's width with AR's run of the same round: the best median ratio wins if it
+    clears the margin and no round fell below AR's loop; a width that won two rounds by a lot and lost one does not
+    run, nor one that beat AR's best round only because AR had a slow round."""
+    from vgen.samplers import speculative
+    choose = speculative.timed_choice
+    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [140, 112, 150]}) == 4  # median 1.40 vs 1.25
+    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [160, 95, 150]}) == 2  # 4 lost a round: 2's median wins
+    assert choose({1: [100, 100, 100], 2: [125, 98, 130]}) == 1  # won twice by 25-30%, lost once: AR's loop
+    assert choose({1: [100, 100, 100], 2: [108, 109, 150]}) == 1  # median 1.09 < the margin
+    # unpaired best-of-rounds would choose 2 here (best 115 >= 1.1 x AR's best 104), paired ratios 0.85-1.02 do not
+    assert choose({1: [104, 80, 100], 2: [88, 82, 115]}) == 1
+    assert choose({1: [100, 100, 100]}) == 1
+    monkeypatch.setattr(speculative, "TIMED_MARGIN", 1.5)
+    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [140, 112, 150]}) == 1
+
+
 def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
     """window=auto: AR's loop and widths 2 / 4 are timed whole once (cached per settings and job batch); the job
     runs the fastest width (that fixed width's tokens) or AR's loop (AR's tokens) when none beats it by the margin."""
@@ -321,9 +338,10 @@ def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_
     first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
     table = json.loads((tmp_path / "spec_speed.json").read_text())
     (speed,) = table.values()
-    assert sorted(map(int, speed)) == [1, 2, 4] and all(v > 0 for v in speed.values())
-    fastest = max((2, 4), key=lambda w: speed[str(w)])
-    if speed[str(fastest)] >= speculative.TIMED_MARGIN * speed["1"]:
+    assert sorted(map(int, speed)) == [1, 2, 4]
+    assert all(len(v) == speculative.TIMED_ROUNDS and min(v) > 0 for v in speed.values())
+    fastest = speculative.timed_choice({int(w): v for w, v in speed.items()})
+    if fastest > 1:
         want, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=fastest, **kw)
         assert st["mean_window"] == fastest
     else:
