@@ -164,6 +164,28 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
 
 
 @pytest.mark.slow
+def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval():
+    """vgen bench's paired column: round i of a cell against round i of AR's; a steady 2x is 2x with no spread, a
+    noisy one gets the textbook interval, and fewer than 3 rounds (or unpaired rounds) give nothing."""
+    import math
+
+    from scipy import stats
+
+    from vgen.eval.bench import markdown_table, paired_speedup
+    steady = paired_speedup([2.0, 4.0, 3.0], [1.0, 2.0, 1.5])
+    assert steady["speedup_vs_ar_rounds"] == [2.0, 2.0, 2.0] and steady["speedup_vs_ar_paired"] == pytest.approx(2.0)
+    assert steady["speedup_vs_ar_ci95"] == pytest.approx([2.0, 2.0])
+    base, cell = [5.0, 7.0, 4.9, 6.0], [4.5, 7.5, 4.0, 5.0]
+    got = paired_speedup(base, cell)
+    logs = [math.log(b / c) for b, c in zip(base, cell)]
+    lo, hi = stats.t.interval(0.95, len(logs) - 1, loc=sum(logs) / 4, scale=stats.sem(logs))
+    assert got["speedup_vs_ar_ci95"] == pytest.approx([math.exp(lo), math.exp(hi)])
+    assert got["speedup_vs_ar_ci95"][0] < 1 < got["speedup_vs_ar_ci95"][1]  # this noise cannot tell it from AR
+    assert paired_speedup([1.0, 2.0], [1.0, 1.0]) == {} and paired_speedup([1.0] * 3, [1.0] * 4) == {}
+    row = {"model": "m", "sampler": "sjd", "batch_size": 1, **got}
+    assert f"{got['speedup_vs_ar_paired']:.2f} ({math.exp(lo):.2f}-{math.exp(hi):.2f})" in markdown_table([row])
+
+
 def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path, capsys, monkeypatch):
     from vgen.cli import main  # in process: test_bad_input_in_a_real_process covers the process boundary
     monkeypatch.chdir(tmp_path)

@@ -1,15 +1,21 @@
-"""Where an eagle pass goes on photos-gpt (docs/benchmarks.md "Trained draft head"): eager, batch 1 with CFG
-(2 rows), the zoo weights; medians of 200 calls (after 10 warm-up calls) of the target's pass over 1 and 4 query
-tokens, the draft head over 1 and 4, and one draft's output head, guidance / top-k and draw.
+"""Where an eagle pass goes on photos-gpt (docs/benchmarks.md "Trained draft head"): batch 1 with CFG (2 rows), the
+zoo weights, medians of 200 calls (after 10 warm-up calls, on a cache filled to position 100) of AR's decode step,
+the target's pass over W query tokens (with guidance / top-k of its W distributions), the draft head over W
+tokens, one draft (output head, guidance / top-k, draw) and one chain step (a draft, then the head on it); then a
+cost model of a chain pass of width W: the target's W-token pass + the head's catch-up over W + (W - 2) chain
+steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (docs/benchmarks.md's exact rows).
 
-    python docs/scripts/eagle_costs.py
+    python docs/scripts/eagle_costs.py                 # eager
+    python docs/scripts/eagle_costs.py --compile       # each part compiled (cpp_wrapper, as vgen's steps)
 """
+import argparse
 import statistics
 import time
 
 import torch
 
 import vgen
+from vgen.kernels.decode import ar_decode_step, compiled
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import window_target
 from vgen.models.drafter import load_drafter
@@ -27,28 +33,69 @@ def ms(f, n=200):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--compile", action="store_true", help="time each part through vgen's compiled()")
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    ap.add_argument("--tokens", default="2:1.74,3:2.26,4:2.60", help="tokens per pass of the exact chain, per width")
+    a = ap.parse_args()
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
     m = pipe.model
     d = load_drafter(pipe.card["_folder"] + "/" + pipe.card["drafter"])
     cache, dc = m.new_cache(2), d.new_cache(m, 2)
     m.prefill(torch.tensor([1, m.num_classes]), cache)
-    for W in (1, 4):
+    cache.limit(cache.bucket(m.cond_len + 100 + max(a.widths)))
+    dc.limit(None)
+    kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)
+
+    def target(x, pos, widx):
+        logits, h = m.decode_features(x, pos, cache)
+        return window_target(logits, widx, True, **kw), h
+
+    def head(h, x, pos):
+        return d(m, h, x, pos, dc)
+
+    def draft(g, idx, u):
+        q = window_target(m.head(g), idx, True, **kw)[:, 0]
+        return sample_from_probs(q, u), q
+
+    def chain_step(g, idx, u, x, pos):
+        t, q = draft(g, idx, u)
+        return d(m, g, x, pos, dc), t, q
+
+    wrap = compiled if a.compile else (lambda f: f)
+    step, target_c, head_c, draft_c, chain_c = map(wrap, (ar_decode_step, target, head, draft, chain_step))
+    tok, p1, u = torch.randint(0, m.vocab_size, (1, 1)), torch.tensor([m.cond_len + 100]), torch.rand(1)
+    costs = {"ar": ms(lambda: step(m, cache, tok, p1, u, True, True, 3.0, 1.0, 100, 1.0))}
+    for W in a.widths:
         x = torch.randint(0, m.vocab_size, (2, W))
         pos = m.cond_len + 100 + torch.arange(W)
-        cache.limit(cache.bucket(m.cond_len + 100 + W))
+        widx = (100 + torch.arange(W))[None]
         h = torch.randn(2, W, m.config.dim)
-        print(f"target pass, {W} token(s): {ms(lambda: m.decode_features(x, pos, cache)):.2f} ms")
-        print(f"draft head, {W} token(s): {ms(lambda: d(m, h, x, pos[None].expand(2, -1), dc)):.2f} ms")
-    kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)
-    g = torch.randn(2, 1, m.config.dim)
-    idx = torch.tensor([[5]])
-    u = torch.rand(1)
-
-    def one_draft():
-        q = window_target(m.head(g), idx, True, **kw)[:, 0]
-        return sample_from_probs(q, u)
-    print(f"one draft (output head + guidance / top-k + draw): {ms(one_draft):.2f} ms")
+        costs[f"target{W}"] = ms(lambda: target_c(x, pos, widx))
+        costs[f"head{W}"] = ms(lambda: head_c(h, x, pos[None].expand(2, -1)))
+    g, idx = torch.randn(2, 1, m.config.dim), torch.tensor([[5]])
+    x1, pp = torch.randint(0, m.vocab_size, (2, 1)), torch.tensor([[m.cond_len + 101]] * 2)
+    costs["draft"] = ms(lambda: draft_c(g, idx, u))
+    costs["chain"] = ms(lambda: chain_c(g, idx, u, x1, pp))
+    mode = "compiled" if a.compile else "eager"
+    print(f"photos-gpt, batch 1 (CFG: 2 rows), {mode}, {torch.get_num_threads()} threads, ms per call (median of 200)")
+    print(f"AR step (model + guidance / top-k + draw): {costs['ar']:.2f}")
+    print("| W | target pass | head over W |")
+    print("|---|---|---|")
+    for W in a.widths:
+        print(f"| {W} | {costs[f'target{W}']:.2f} | {costs[f'head{W}']:.2f} |")
+    print(f"one draft: {costs['draft']:.2f}; one chain step (draft + head on it): {costs['chain']:.2f}")
+    tokens = {int(w): float(t) for w, t in (p.split(":") for p in a.tokens.split(","))}
+    print("\n| W | tokens / pass | model ms / pass | x AR (model) | x AR if drafting were free | "
+          "tokens / pass for 1.5x |")
+    print("|---|---|---|---|---|---|")
+    for W, t in sorted(tokens.items()):
+        if f"target{W}" not in costs:
+            continue
+        p = costs[f"target{W}"] + costs[f"head{W}"] + (W - 2) * costs["chain"] + costs["draft"]
+        print(f"| {W} | {t:.2f} | {p:.2f} | {t * costs['ar'] / p:.2f} | {t * costs['ar'] / costs[f'target{W}']:.2f} | "
+              f"{1.5 * p / costs['ar']:.2f} |")
 
 
 if __name__ == "__main__":
