@@ -1,7 +1,8 @@
 """Where an eagle pass goes on photos-gpt (docs/benchmarks.md "Trained draft head"): batch 1 with CFG (2 rows), the
-zoo weights, medians of 200 calls (after 10 warm-up calls, on a cache filled to position 100) of AR's decode step,
-the target's pass over W query tokens (with guidance / top-k of its W distributions), the draft head over W
-tokens, one draft (output head, guidance / top-k, draw) and one chain step (a draft, then the head on it); then a
+zoo weights, medians of 200 calls (round-robin over the parts after 10 warm-up calls each, on a cache filled to
+position 100) of AR's decode step, the target's pass over W query tokens (with guidance / top-k of its W
+distributions), the draft head over W tokens, one draft (output head, guidance / top-k, draw) and one chain step
+(a draft, then the head on it); then a
 cost model of a chain pass of width W: the target's W-token pass + the head's catch-up over W + (W - 2) chain
 steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (docs/benchmarks.md's exact rows).
 
@@ -21,15 +22,19 @@ from vgen.kernels.verify import window_target
 from vgen.models.drafter import load_drafter
 
 
-def ms(f, n=200):
-    for _ in range(10):
-        f()
-    out = []
+def interleaved_ms(parts: dict, n=200) -> dict:
+    """Median milliseconds per call of each part, the parts called round-robin (n rounds after 10 warm-up calls
+    each), so a slow spell of the machine hits every part alike."""
+    for f in parts.values():
+        for _ in range(10):
+            f()
+    out = {k: [] for k in parts}
     for _ in range(n):
-        t = time.perf_counter()
-        f()
-        out.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(out)
+        for k, f in parts.items():
+            t = time.perf_counter()
+            f()
+            out[k].append(time.perf_counter() - t)
+    return {k: 1e3 * statistics.median(v) for k, v in out.items()}
 
 
 def main():
@@ -66,18 +71,19 @@ def main():
     wrap = compiled if a.compile else (lambda f: f)
     step, target_c, head_c, draft_c, chain_c = map(wrap, (ar_decode_step, target, head, draft, chain_step))
     tok, p1, u = torch.randint(0, m.vocab_size, (1, 1)), torch.tensor([m.cond_len + 100]), torch.rand(1)
-    costs = {"ar": ms(lambda: step(m, cache, tok, p1, u, True, True, 3.0, 1.0, 100, 1.0))}
+    parts = {"ar": lambda: step(m, cache, tok, p1, u, True, True, 3.0, 1.0, 100, 1.0)}
     for W in a.widths:
         x = torch.randint(0, m.vocab_size, (2, W))
         pos = m.cond_len + 100 + torch.arange(W)
         widx = (100 + torch.arange(W))[None]
         h = torch.randn(2, W, m.config.dim)
-        costs[f"target{W}"] = ms(lambda: target_c(x, pos, widx))
-        costs[f"head{W}"] = ms(lambda: head_c(h, x, pos[None].expand(2, -1)))
+        parts[f"target{W}"] = lambda x=x, pos=pos, widx=widx: target_c(x, pos, widx)
+        parts[f"head{W}"] = lambda h=h, x=x, pos=pos: head_c(h, x, pos[None].expand(2, -1))
     g, idx = torch.randn(2, 1, m.config.dim), torch.tensor([[5]])
     x1, pp = torch.randint(0, m.vocab_size, (2, 1)), torch.tensor([[m.cond_len + 101]] * 2)
-    costs["draft"] = ms(lambda: draft_c(g, idx, u))
-    costs["chain"] = ms(lambda: chain_c(g, idx, u, x1, pp))
+    parts["draft"] = lambda: draft_c(g, idx, u)
+    parts["chain"] = lambda: chain_c(g, idx, u, x1, pp)
+    costs = interleaved_ms(parts)
     mode = "compiled" if a.compile else "eager"
     print(f"photos-gpt, batch 1 (CFG: 2 rows), {mode}, {torch.get_num_threads()} threads, ms per call (median of 200)")
     print(f"AR step (model + guidance / top-k + draw): {costs['ar']:.2f}")
