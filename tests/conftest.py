@@ -136,6 +136,17 @@ def tiny_nar_pipeline(tmp_path, tiny_nar, tiny_vq):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _short_timed_calibration():
+    """window=auto's timed calibration on 4 samples per run instead of 8 (tests check what it decides and caches,
+    not how well 8 samples time a zoo model; 3 paired rounds x (AR + each width) runs per calibration)."""
+    from vgen.samplers import speculative
+    old = speculative.TIMED_SAMPLES
+    speculative.TIMED_SAMPLES = 4
+    yield
+    speculative.TIMED_SAMPLES = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _session_cache(tmp_path_factory):
     """Tests never write the user's ~/.cache/vgen (measured pass costs, compiled graphs, reference features)."""
     if os.environ.get("VGEN_CACHE"):
