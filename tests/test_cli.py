@@ -164,7 +164,6 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     assert "fid_photo" not in base  # the official loop's own RNG: no paired samples to score
 
 
-@pytest.mark.slow
 def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval():
     """vgen bench's paired column: round i of a cell against round i of AR's; a steady 2x is 2x with no spread, a
     noisy one gets the textbook interval, and fewer than 3 rounds (or unpaired rounds) give nothing."""
@@ -187,6 +186,7 @@ def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval(
     assert f"{got['speedup_vs_ar_paired']:.2f} ({math.exp(lo):.2f}-{math.exp(hi):.2f})" in markdown_table([row])
 
 
+@pytest.mark.slow
 def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path, capsys, monkeypatch):
     from vgen.cli import main  # in process: test_bad_input_in_a_real_process covers the process boundary
     monkeypatch.chdir(tmp_path)

@@ -267,9 +267,9 @@ def _ratios(rows: list[dict], p: Plan) -> None:
             if base is None:
                 continue
             r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
-            if ref == "ar" and base is not r:
-                r.update(paired_speedup(base["all_seconds"], r["all_seconds"]))
             if ref == "ar":
+                if base is not r:
+                    r.update(paired_speedup(base["all_seconds"], r["all_seconds"]))
                 r["pass_reduction"] = base["forward_passes"] / r["forward_passes"]
                 # drift only within one model: another model's nll is a different distribution
                 if "nll" in r and "nll" in base and base["model"] == r["model"]:
@@ -284,11 +284,12 @@ def paired_speedup(base_seconds: list[float], seconds: list[float]) -> dict:
     and round i of the reference ran minutes apart at most and a slow spell of the machine hits both. Returns the
     geometric mean of the per-round ratios and its 95% t-interval (on the log ratios; with at least 3 rounds), the
     numbers to quote where runs move by more than the effect (this 2-core VM: 10-45% between 8-image runs)."""
-    import math
-    ratios = [b / s for b, s in zip(base_seconds, seconds)]
-    if len(ratios) < 3 or len(base_seconds) != len(seconds):
+    if len(seconds) < 3 or len(base_seconds) != len(seconds):
         return {}
+    import math
+
     from scipy.stats import t
+    ratios = [b / s for b, s in zip(base_seconds, seconds)]
     logs = [math.log(x) for x in ratios]
     mean, sd = statistics.fmean(logs), statistics.stdev(logs)
     half = t.ppf(0.975, len(logs) - 1) * sd / math.sqrt(len(logs))

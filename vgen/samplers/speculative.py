@@ -24,6 +24,7 @@ old drafts, or Gumbel-max with noise fixed per position); :mod:`vgen.samplers.sc
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -345,7 +346,6 @@ def timed_choice(speeds: dict[int, list[float]]) -> int:
     """The timed rule's decision from tokens per second per round (``speeds[1]``: AR's loop; round r of every width
     was timed next to round r of AR's): among the widths whose ratio to AR's loop never fell below
     ``TIMED_FLOOR``, the one with the highest median ratio, if that median is >= ``TIMED_MARGIN``; else 1."""
-    import statistics
     ar = speeds[1]
     ratios = {w: [s / a for s, a in zip(v, ar)] for w, v in speeds.items() if w != 1}
     ratios = {w: r for w, r in ratios.items() if min(r) >= TIMED_FLOOR}
