@@ -13,10 +13,10 @@ OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
 N = 20_000
 
 
-def make_drafter(model, seed=0, scale=1.0):
+def make_drafter(model, seed=0, scale=1.0, arch="block"):
     """A random draft head for ``model``: its proposals are far from the target's (what exactness must survive)."""
     torch.manual_seed(seed)
-    d = Drafter(model.config)
+    d = Drafter(model.config, arch)
     with torch.no_grad():
         for p in d.parameters():
             if p.dim() > 1:
@@ -32,11 +32,15 @@ def micro(micro_gpt):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("window", [3])
-def test_eagle_exact_matches_the_enumerated_distribution(micro, window):
-    """Lossless: 20k batched samples follow the enumerated joint (CFG, top-k, temperature on); the same counts
-    reject the unguided distribution (power); no zero-probability image."""
+@pytest.mark.parametrize("arch", ["block", "mlp"])
+def test_eagle_exact_matches_the_enumerated_distribution(micro, arch):
+    """Lossless, with either head (a block with its own KV cache, or the attention-free one): 20k batched samples
+    follow the enumerated joint (CFG, top-k, temperature on); the same counts reject the unguided distribution
+    (power); no zero-probability image."""
     m, d, joint, unguided = micro
+    window = 3
+    if arch == "mlp":
+        d = make_drafter(m, arch="mlp")
     tokens, st = sample(m, [1] * N, "eagle", seed=0, window=window, draft=d, **OPTS)
     counts = counts_of(tokens, 4)
     assert chi2_p(counts, joint) > 1e-3
@@ -45,8 +49,9 @@ def test_eagle_exact_matches_the_enumerated_distribution(micro, window):
     assert st["accepted_per_step"] > 1.0 and 0 < st["acceptance_rate"] <= 1
 
 
-def test_eagle_is_batch_invariant_and_continues_prefixes(tiny_gpt):
-    d = make_drafter(tiny_gpt, seed=1)
+@pytest.mark.parametrize("arch", ["block", "mlp"])
+def test_eagle_is_batch_invariant_and_continues_prefixes(tiny_gpt, arch):
+    d = make_drafter(tiny_gpt, seed=1, arch=arch)
     kw = dict(cfg_scale=2.0, top_k=10, window=3, draft=d)
     one = torch.cat([sample(tiny_gpt, [c], "eagle", seed=5 + i, **kw)[0] for i, c in enumerate([0, 1, 2, 1, 0])])
     for bs in (2, 5):
@@ -107,6 +112,38 @@ def test_drafter_file_round_trip_and_refusals(tmp_path, tiny_gpt, micro_gpt):
         load_drafter(tmp_path / "nope.safetensors")
 
 
+def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):
+    """arch=mlp: no KV cache, a state that depends only on its own slot's (feature, token) pair (so drafting a
+    chain or a tree cannot read a stale slot), a file that loads back as mlp; files without the arch field load
+    as a block (drafters written before it); unknown archs are refused in one line."""
+    from vgen.models.drafter import ARCHS
+    d = make_drafter(tiny_gpt, seed=3, arch="mlp")
+    assert not d.attends and d.new_cache(tiny_gpt, 2) is None and ARCHS == ("block", "mlp")
+    assert make_drafter(tiny_gpt).attends
+    f = torch.randn(2, 5, tiny_gpt.config.dim)
+    x = torch.randint(0, tiny_gpt.vocab_size, (2, 5))
+    pos = torch.arange(5)
+    whole = d(tiny_gpt, f, x, pos)
+    last = d(tiny_gpt, f[:, -1:], x[:, -1:], pos[-1:])
+    torch.testing.assert_close(whole[:, -1:], last)
+    save_drafter(d, tmp_path / "m.safetensors")
+    back = load_drafter(tmp_path / "m.safetensors")
+    assert back.arch == "mlp" and set(back.state_dict()) == set(d.state_dict())
+    a, st = sample(tiny_gpt, [0, 1], "eagle", seed=3, window=3, draft=back, cfg_scale=2.0, tree="2,1")
+    assert a.shape == (2, 16) and st["accepted_per_step"] >= 1.0
+    from vgen.io import read_safetensors, save_safetensors
+    block = make_drafter(tiny_gpt)
+    save_drafter(block, tmp_path / "b.safetensors")
+    state, meta = read_safetensors(tmp_path / "b.safetensors", "")
+    save_safetensors(state, tmp_path / "old.safetensors", metadata={k: v for k, v in meta.items() if k != "arch"})
+    assert load_drafter(tmp_path / "old.safetensors").arch == "block"
+    save_safetensors(state, tmp_path / "odd.safetensors", metadata={**meta, "arch": "rnn"})
+    with pytest.raises(VGenError, match="arch 'rnn'"):
+        load_drafter(tmp_path / "odd.safetensors")
+    with pytest.raises(VGenError, match="unknown drafter arch"):
+        Drafter(tiny_gpt.config, "rnn")
+
+
 def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_path, tiny_pipeline, tiny_var_pipeline):
     """`vgen train recipe=drafter` on a folder of cached codes (the official-checkpoint path): the head learns (held-out
     one-step acceptance above an untrained head's), resumes, installs next to the pipeline, and the pipeline's
@@ -141,7 +178,8 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
     g = vgen.load_pipeline(str(tiny_pipeline)).generate([0, 3], sampler="eagle", seed=1, window=3)
     assert g.tokens.shape == (2, 16) and g.stats["accepted_per_step"] >= 1.0
     for bad, msg in ((dict(codes=str(tmp_path / "nope")), "is not a folder"),
-                     (dict(model=str(tiny_var_pipeline)), "not a next-token GPT")):
+                     (dict(model=str(tiny_var_pipeline)), "not a next-token GPT"),
+                     (dict(arch="rnn"), "not a drafter architecture")):
         out = tmp_path / "refused"
         with pytest.raises(VGenError, match=msg):
             train_drafter(DrafterTrainConfig(**{**dict(out=str(out), model=str(tiny_pipeline), codes=str(codes)),

@@ -8,6 +8,11 @@ steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (do
 
     python docs/scripts/eagle_costs.py                 # eager
     python docs/scripts/eagle_costs.py --compile       # each part compiled (cpp_wrapper, as vgen's steps)
+    python docs/scripts/eagle_costs.py --drafter runs/photos-gpt-drafter-mlp/drafter.safetensors --tokens 3:1.91,4:2.04
+                                                       # another head, e.g. the attention-free one (arch=mlp)
+
+A head that does not attend catches up on the decided token alone (the sampler's ``catch_up``): its catch-up cost
+is the head over 1 token whatever W.
 """
 import argparse
 import statistics
@@ -42,15 +47,17 @@ def main():
     ap.add_argument("--compile", action="store_true", help="time each part through vgen's compiled()")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--tokens", default="2:1.74,3:2.26,4:2.60", help="tokens per pass of the exact chain, per width")
+    ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
     m = pipe.model
-    d = load_drafter(pipe.card["_folder"] + "/" + pipe.card["drafter"])
+    d = load_drafter(a.drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
     cache, dc = m.new_cache(2), d.new_cache(m, 2)
     m.prefill(torch.tensor([1, m.num_classes]), cache)
     cache.limit(cache.bucket(m.cond_len + 100 + max(a.widths)))
-    dc.limit(None)
+    if dc is not None:
+        dc.limit(None)
     kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)
 
     def target(x, pos, widx):
@@ -85,7 +92,8 @@ def main():
     parts["chain"] = lambda: chain_c(g, idx, u, x1, pp)
     costs = interleaved_ms(parts)
     mode = "compiled" if a.compile else "eager"
-    print(f"photos-gpt, batch 1 (CFG: 2 rows), {mode}, {torch.get_num_threads()} threads, ms per call (median of 200)")
+    print(f"photos-gpt, batch 1 (CFG: 2 rows), {mode}, {torch.get_num_threads()} threads, head arch {d.arch}, "
+          "ms per call (median of 200)")
     print(f"AR step (model + guidance / top-k + draw): {costs['ar']:.2f}")
     print("| W | target pass | head over W |")
     print("|---|---|---|")
@@ -99,7 +107,8 @@ def main():
     for W, t in sorted(tokens.items()):
         if f"target{W}" not in costs:
             continue
-        p = costs[f"target{W}"] + costs[f"head{W}"] + (W - 2) * costs["chain"] + costs["draft"]
+        catch_up = costs[f"head{W}" if d.attends else "head1"]
+        p = costs[f"target{W}"] + catch_up + (W - 2) * costs["chain"] + costs["draft"]
         print(f"| {W} | {t:.2f} | {p:.2f} | {t * costs['ar'] / p:.2f} | {t * costs['ar'] / costs[f'target{W}']:.2f} | "
               f"{1.5 * p / costs['ar']:.2f} |")
 

@@ -11,6 +11,11 @@ Sequence convention (slot == position, as in the target's static cache): slot s 
 target's position of token s. Its output g[s] approximates f[s], whose logits predict token s+1. Drafting
 chains: g[s] and a drafted token x[s+1] are the pair of slot s+1.
 
+Two architectures (``arch``): ``block`` (EAGLE's: one transformer block with its own static KV cache, attending
+over the drafted prefix) and ``mlp`` (attention-free: the projection and one residual feed-forward layer, no KV
+cache, no positions: each draft reads only the previous state and token, as Medusa-style heads do). ``mlp`` costs a
+fraction of a block per call, which is what a small target on a CPU needs; its drafts see less context.
+
 Training (``vgen train recipe=drafter``): teacher forcing on the target's features over real token sequences,
 with both the class and the null (CFG) condition; loss = smooth-L1(g, f) + ``cls_weight`` * cross-entropy against
 the target's next-token distribution (EAGLE's regression + classification)."""
@@ -24,20 +29,29 @@ import torch.nn as nn
 
 from vgen.errors import VGenError
 from vgen.kernels.kv_cache import KVCache
-from vgen.models.gpt import GPTConfig, TransformerBlock
+from vgen.models.gpt import FeedForward, GPTConfig, RMSNorm, TransformerBlock
+
+ARCHS = ("block", "mlp")
 
 
 class Drafter(nn.Module):
     """``forward(target, feats (B, S, d), tokens (B, S), input_pos, cache=None) -> hidden (B, S, d)``;
     ``logits(target, hidden)`` = the target's head on it. ``config`` is the target's GPTConfig (the block copies
-    its width, heads and FFN)."""
+    its width, heads and FFN); ``arch``: ``block`` or ``mlp`` (no attention: ``attends`` is False, ``new_cache``
+    gives None and ``forward`` ignores the cache, positions and mask)."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, arch: str = "block"):
         super().__init__()
-        self.config = config
+        if arch not in ARCHS:
+            raise VGenError(f"unknown drafter arch {arch!r}: use one of {', '.join(ARCHS)}")
+        self.config, self.arch = config, arch
         block_cfg = replace(config, n_layer=1, attn_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0)
         self.fc = nn.Linear(2 * config.dim, config.dim, bias=True)
-        self.block = TransformerBlock(block_cfg)
+        if arch == "block":
+            self.block = TransformerBlock(block_cfg)
+        else:
+            self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
+            self.feed_forward = FeedForward(block_cfg)
         for m in self.modules():  # the target's init (GPT._init_weights)
             if isinstance(m, nn.Linear):
                 nn.init.normal_(m.weight, 0.0, config.initializer_range)
@@ -53,9 +67,16 @@ class Drafter(nn.Module):
                                 f"model has {k}={getattr(tc, k)}: train one with `vgen train recipe=drafter "
                                 "model=<this pipeline>`")
 
+    @property
+    def attends(self) -> bool:
+        """Whether the head attends over earlier slots (then it keeps a static KV cache of its own)."""
+        return self.arch == "block"
+
     def forward(self, target, feats: torch.Tensor, tokens: torch.Tensor, input_pos: torch.Tensor,
                 cache: KVCache | None = None, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         x = self.fc(torch.cat([feats.to(self.fc.weight.dtype), target.tok_embeddings(tokens)], dim=-1))
+        if not self.attends:
+            return x + self.feed_forward(self.ffn_norm(x))
         x, rope = target.positions(x, input_pos)
         if cache is not None and attn_mask is None:
             attn_mask = cache.causal_mask(input_pos)
@@ -65,8 +86,11 @@ class Drafter(nn.Module):
     def logits(target, hidden: torch.Tensor) -> torch.Tensor:
         return target.head(hidden)
 
-    def new_cache(self, target, rows: int, extra: int = 0) -> KVCache:
-        """The head's static cache: one slot per position, plus ``extra`` scratch slots (tree drafting)."""
+    def new_cache(self, target, rows: int, extra: int = 0) -> KVCache | None:
+        """The head's static cache: one slot per position, plus ``extra`` scratch slots (tree drafting); None for
+        a head that does not attend."""
+        if not self.attends:
+            return None
         c = self.config
         w = self.fc.weight
         return KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len + extra, c.head_dim,
@@ -98,7 +122,7 @@ def target_features(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.T
 def save_drafter(drafter: Drafter, path, extra: dict | None = None):
     """The drafter's own tensors (fc + block), fp16, with the target's config in the metadata."""
     from vgen.io import save_safetensors
-    meta = {"config": drafter.config_json, "kind": "eagle-drafter"}
+    meta = {"config": drafter.config_json, "kind": "eagle-drafter", "arch": drafter.arch}
     meta.update({k: json.dumps(v) for k, v in (extra or {}).items()})
     save_safetensors({k: v.half() for k, v in drafter.state_dict().items()}, path, metadata=meta)
 
@@ -116,8 +140,11 @@ def load_drafter(path, device="cpu") -> Drafter:
     if meta.get("kind") != "eagle-drafter" or "config" not in meta:
         raise VGenError(f"{p} is not a vgen drafter (no 'eagle-drafter' metadata): write it with "
                         "`vgen train recipe=drafter`")
+    arch = meta.get("arch", "block")  # files written before the mlp head have a block
+    if arch not in ARCHS:
+        raise VGenError(f"{p} holds a drafter of arch {arch!r}, which this vgen does not know ({', '.join(ARCHS)})")
     with torch.device("meta"):
-        d = Drafter(GPTConfig(**json.loads(meta["config"])))
+        d = Drafter(GPTConfig(**json.loads(meta["config"])), arch)
     want = d.state_dict()
     if set(state) != set(want) or any(state[k].shape != want[k].shape for k in want):
         raise VGenError(f"{p} does not match the drafter its config describes: write it with "

@@ -79,6 +79,17 @@ class EagleOptions(SpeculativeOptions):
             parse_tree(self.tree)
 
 
+def catch_up(model, drafter: Drafter, dcache, h, x, pos, kr):
+    """The head's state after each row's decided token: (rows, 1, d) from the pass's target states ``h`` and tokens
+    ``x`` (rows, W) at ``pos``, row r's decided one at column ``kr[r]`` ((rows, 1)). A head that attends writes every
+    column into its cache (its later queries read them); one that does not runs on that column alone."""
+    if drafter.attends:
+        dcache.limit(None)
+        g = drafter(model, h, x, pos, dcache)
+        return g.gather(1, kr[..., None].expand(-1, 1, g.shape[-1]))
+    return drafter(model, h.gather(1, kr[..., None].expand(-1, 1, h.shape[-1])), x.gather(1, kr), pos.gather(1, kr))
+
+
 def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, live, sampling: dict):
     """``D = uf.shape[1]`` drafts from the head's state ``g`` (rows, 1, d), which predicts token ``nxt`` (B,):
     draw token nxt from the head's distribution, feed (g, token) at its slot, and so on. Rows not ``live`` write to
@@ -134,10 +145,8 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     dpos = model.cond_len + widx.clamp_max(L - 1)
     if cfg:
         cand, dpos = torch.cat([cand, cand]), torch.cat([dpos, dpos])
-    dcache.limit(None)
-    g = drafter(model, h, cand, dpos, dcache)
     kr = torch.cat([kk, kk]) if cfg else kk
-    g = g.gather(1, kr[..., None].expand(-1, 1, g.shape[-1]))  # the state after the decided token n+k
+    g = catch_up(model, drafter, dcache, h, cand, dpos, kr)  # the state after the decided token n+k
     nxt = n + k + 1
     f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, n < L, sampling)
     tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
@@ -179,9 +188,12 @@ def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L:
         slot = (base + inner - 1)[None].expand(B, -1)
         if cfg:
             tok, pos, slot = torch.cat([tok, tok]), torch.cat([pos, pos]), torch.cat([slot, slot])
-        dcache.write_at(slot)
-        G = drafter(model, G[:, col[icol]], tok, pos, dcache, attn_mask=tree.head_mask(inner, last, dcache.slots))
-        dcache.write_at(None)
+        if dcache is None:  # a head without attention: each node reads its parent's state alone
+            G = drafter(model, G[:, col[icol]], tok, pos)
+        else:
+            dcache.write_at(slot)
+            G = drafter(model, G[:, col[icol]], tok, pos, dcache, attn_mask=tree.head_mask(inner, last, dcache.slots))
+            dcache.write_at(None)
         Q = window_target(model.head(G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
     return f, qn
 
@@ -234,10 +246,8 @@ def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it
     dpos = model.cond_len + widx.clamp_max(L - 1)
     if cfg:
         pnodes, cand, dpos = torch.cat([pnodes, pnodes]), torch.cat([cand, cand]), torch.cat([dpos, dpos])
-    dcache.limit(None)
-    g = drafter(model, gather_rows(h, pnodes), cand, dpos, dcache)
     kr = torch.cat([k, k]) if cfg else k
-    g = g.gather(1, kr[:, None, None].expand(-1, 1, g.shape[-1]))
+    g = catch_up(model, drafter, dcache, gather_rows(h, pnodes), cand, dpos, kr[:, None])
     nxt = n + k + 1
     f, qn = draft_tree(model, drafter, dcache, tree, g, nxt, uf, L, cfg, sampling, children)
     tokens = tokens.scatter(1, nxt[:, None] + nodes - 1, f)
@@ -354,7 +364,8 @@ class EagleSampler(SpeculativeSampler):
         x = tokens[:, :P + 1]
         if cfg:
             x, pos = torch.cat([x, x]), torch.cat([pos, pos])
-        dcache.limit(None)
+        if dcache is not None:
+            dcache.limit(None)
         g = drafter(model, feats, x, pos, dcache)[:, -1:]
         sampling = dict(cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval, temperature=o.temperature,
                         top_k=o.top_k, top_p=o.top_p)

@@ -1,6 +1,7 @@
 """Recipe: an EAGLE-style draft head (:mod:`vgen.models.drafter`) for a next-token GPT pipeline.
 
-The target is frozen. Its hidden states over real token sequences are computed once, for the class and for the
+The target is frozen; ``arch`` picks the head (``block``: EAGLE's one transformer block; ``mlp``: attention-free,
+no KV cache). The target's hidden states over real token sequences are computed once, for the class and for the
 null (CFG) condition, and cached in the run folder (``features_train.pt``, fp16); training then runs the one-block
 drafter on them with teacher forcing: smooth-L1 to the target's next hidden state plus ``cls_weight`` x the
 cross-entropy against the target's next-token distribution, with uniform noise on the input features (EAGLE).
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes
 from vgen.kernels.verify import window_target
-from vgen.models.drafter import Drafter, save_drafter, target_features
+from vgen.models.drafter import ARCHS, Drafter, save_drafter, target_features
 from vgen.train.common import RecipeConfig, adamw, cached_codes, recipe, start_run, train_loop
 
 
@@ -43,6 +44,7 @@ class DrafterTrainConfig(RecipeConfig):
     noise: float = 0.1             # uniform noise on the input features, times their RMS (EAGLE's augmentation)
     save_every: int = 100
     install: bool = False          # copy drafter.safetensors next to the pipeline and list it in pipeline.json
+    arch: str = "block"            # block (EAGLE's one transformer block) or mlp (attention-free, no KV cache)
 
 
 def load_target(name: str, device):
@@ -145,6 +147,8 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         raise VGenError(f"codes={cfg.codes} is not a folder: give one holding codes_train.pt and codes_test.pt")
     if cfg.noise < 0 or cfg.cls_weight < 0:
         raise VGenError("noise and cls_weight must be >= 0")
+    if cfg.arch not in ARCHS:
+        raise VGenError(f"arch={cfg.arch} is not a drafter architecture: use one of {', '.join(ARCHS)}")
     from vgen.train.common import train_device
     pipe, target = load_target(cfg.model, train_device(cfg.device))  # refused before any run folder exists
     if cfg.codes:
@@ -168,7 +172,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
     tr_codes, te_codes = tr_codes.long().to(device), te_codes.long().to(device)
     te_feats = te_feats.to(device)
 
-    drafter = Drafter(target.config).to(device)
+    drafter = Drafter(target.config, cfg.arch).to(device)
     opt = adamw(drafter, cfg.lr, cfg.weight_decay)
     g = torch.Generator()
 
