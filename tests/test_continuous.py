@@ -17,10 +17,10 @@ def tiny_kl():
     return build("kl", latent_channels=4, block_out_channels=[32, 32], image_size=16).eval()  # 16 px -> 8x8
 
 
-def tiny_car(seed, dim=32):
+def tiny_car(seed, dim=32, num_classes=3):
     from vgen.models import build
     torch.manual_seed(seed)
-    m = build("car", dim=dim, n_layer=1, n_head=2, num_classes=3, block_size=64, token_channels=4, diffloss_d=1,
+    m = build("car", dim=dim, n_layer=1, n_head=2, num_classes=num_classes, block_size=64, token_channels=4, diffloss_d=1,
               diffloss_w=32, num_sampling_steps=STEPS).eval()
     with torch.no_grad():
         for p in m.diffloss.parameters():
@@ -94,6 +94,72 @@ def test_cspd_takes_the_draft_from_the_card_or_the_option(pipes):
     assert torch.equal(named.tokens, gen.tokens)
     path = pipe.generate([1], sampler="cspd", seed=0, num_draft=3, rule="path")
     assert path.tokens.shape == (1, 64, 4)
+
+
+def test_step_logpdf_sums_to_the_path_logpdf():
+    """DiffusionHead.step_logpdf (what car-distill trains on) is, summed over a path's steps, the path's density
+    (path_logpdf and sample(path=True) agree), guided with per-row scales and clip_x0 on."""
+    m = tiny_car(0)
+    torch.manual_seed(1)
+    R, C = 3, 4
+    z, cfg = torch.randn(2 * R, m.config.dim), torch.tensor([1.5, 2.0, 3.0])
+    hs = m.sample_head(z, torch.randn(R, C), torch.randn(STEPS, R, C), 1.0, cfg, clip_x0=4.0, path=True)
+    r, i = torch.arange(R).repeat_interleave(STEPS), torch.arange(STEPS).repeat(R)
+    lp = m.diffloss.step_logpdf(torch.cat([z[:R][r], z[R:][r]]), i, hs.states[i, r], hs.states[i + 1, r], 1.0, cfg[r],
+                                clip_x0=4.0)
+    tol = dict(rtol=1e-5, atol=1e-4)  # float32 networks summed in float64
+    torch.testing.assert_close(lp.reshape(R, STEPS).sum(1), hs.path_logpdf, **tol)
+    torch.testing.assert_close(lp.reshape(R, STEPS).sum(1), m.head_path_logpdf(z, hs.states, 1.0, cfg, clip_x0=4.0),
+                               **tol)
+
+
+@pytest.mark.slow
+def test_car_distill_raises_the_drafts_density_of_target_paths(pipes, tiny_kl, tmp_path):
+    """recipe=car-distill: target paths cached, the draft trained on them (held-out log P/Q falls, the path rule's
+    acceptance of target paths does not fall), resumable, a pipeline folder the cspd sampler takes as its draft;
+    a draft that does not fit, or a target whose classes are not the photos', is refused before any run folder
+    exists."""
+    from vgen import load_pipeline
+    from vgen.data import NUM_CLASSES
+    from vgen.pipeline import save_pipeline
+    from vgen.train.car_distill import CarDistillConfig, train_car_distill
+    sampling = {"cfg_scale": 2.0, "cfg_schedule": "linear", "clip_x0": 4.0}
+    draft = save_pipeline(tmp_path / "draft", tiny_car(1, dim=16, num_classes=NUM_CLASSES), tiny_kl,
+                          model_kind="car", tokenizer_kind="kl", sampling=sampling)
+    target = save_pipeline(tmp_path / "target", tiny_car(0, num_classes=NUM_CLASSES), tiny_kl, model_kind="car",
+                           tokenizer_kind="kl", sampling=sampling, extra={"draft": str(draft)})
+    out = tmp_path / "run"
+    cfg = CarDistillConfig(out=str(out), target=str(target), draft=str(draft), n_seq=16, n_test=8,
+                           positions=8, batch_size=8, path_steps=STEPS, steps=20, save_every=10, warmup=2, lr=3e-3)
+    m = train_car_distill(cfg)
+    assert m["test_log_ratio"] < m["before"]["test_log_ratio"] - 0.1, m
+    assert m["test_path_acceptance"] >= m["before"]["test_path_acceptance"] - 0.02, m
+    cfg.steps = 22
+    train_car_distill(cfg)
+    log = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r.get("final")] == [20, 22]
+    own = train_car_distill(CarDistillConfig(out=str(tmp_path / "own"), target=str(target), draft=str(draft),
+                                             contexts="target", n_seq=8, n_test=4, positions=4, batch_size=4,
+                                             steps=2, save_every=2, warmup=1))
+    ctx = torch.load(tmp_path / "own" / "contexts_test.pt", weights_only=True)  # the target's own samples
+    assert ctx["mean"].shape == (4, 64, 4) and float(ctx["std"].abs().max()) == 0
+    assert 0 <= own["test_path_acceptance"] <= 1
+    pipe = load_pipeline(str(target))
+    g = pipe.generate([1], sampler="cspd", seed=0, num_draft=3, rule="path", draft=str(out / "pipeline"))
+    assert g.tokens.shape == (1, 64, 4) and 0.0 <= g.stats["acceptance_rate"] <= 1.0
+    foreign = save_pipeline(tmp_path / "foreign", tiny_car(3, dim=16, num_classes=NUM_CLASSES),
+                            load_pipeline(str(pipes["foreign"])).tokenizer, model_kind="car", tokenizer_kind="kl",
+                            sampling=sampling)
+    with pytest.raises(VGenError, match="contexts=nope"):
+        train_car_distill(CarDistillConfig(out=str(tmp_path / "refused"), target=str(target), draft=str(draft),
+                                           contexts="nope"))
+    for t, d, msg in ((target, pipes["mar"], "not a causal continuous-token model"),
+                      (target, foreign, "another tokenizer"),
+                      (pipes["target"], pipes["draft"], "classes")):
+        refused = tmp_path / "refused"
+        with pytest.raises(VGenError, match=msg):
+            train_car_distill(CarDistillConfig(out=str(refused), target=str(t), draft=str(d)))
+        assert not refused.exists()
 
 
 def test_draft_mismatches_are_one_line_errors_before_weights_load(pipes, tmp_path):

@@ -18,7 +18,7 @@ COMMANDS = {
             "reference=<name | dir | ADM .npz>` (FID, sFID, IS, Precision, Recall, KID)",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",
-    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier|kl|car|car-draft|mar|drafter), resumable",
+    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier|kl|car|car-draft|car-distill|mar|drafter), resumable",
 }
 
 

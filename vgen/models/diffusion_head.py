@@ -300,6 +300,24 @@ class DiffusionHead(nn.Module):
                 cache[key] = self.net.time_embed(sch.timesteps.to(device)).to(dtype)
         return cache[key]
 
+    def step_logpdf(self, z: torch.Tensor, idx: torch.Tensor, x: torch.Tensor, x_next: torch.Tensor,
+                    temperature: float = 1.0, cfg: float | torch.Tensor = 1.0, num_steps: int | None = None,
+                    clip_x0: float = 0.0) -> torch.Tensor:
+        """log-density (R,) of single reverse steps under this head: row r moves from ``x[r]`` at step ``idx[r]`` of
+        the schedule to ``x_next[r]``, with conditions ``z`` (R, D) ((2R, D) rows [cond; uncond] when guided; ``cfg``
+        a number or (R,) scales). The terms :meth:`path_logpdf` sums, for any subset of steps, differentiable in
+        the network (time embeddings included): what a draft distilled on a target's paths maximises."""
+        sch = schedule(num_steps or self.num_sampling_steps)
+        guide = torch.is_tensor(cfg) or cfg != 1.0
+        t_emb = self.net.time_embed(sch.timesteps.to(z.device)[idx]).to(z.dtype)
+        c_emb = self.net.cond_embed(z)
+        y = c_emb + (torch.cat([t_emb, t_emb]) if guide else t_emb)
+        if torch.is_tensor(cfg):
+            cfg = cfg.reshape(-1, 1).to(z.dtype)
+        out = self._out(x, y, cfg, guide)
+        st = sch.step_rows(idx, x, out, clip_x0, sch.tensors(z.device, z.dtype))
+        return gaussian_logpdf(x_next, st.mean, 0.5 * st.log_var + math.log(max(temperature, 1e-12)))
+
     def _out(self, x: torch.Tensor, y: torch.Tensor, cfg, guide: bool) -> torch.Tensor:
         """The network's output at ``x`` (R, C) for embeddings ``y`` ((2R, W) rows [cond; uncond] when guided: MAR's
         forward_with_cfg, guided noise and the conditional half's variance)."""

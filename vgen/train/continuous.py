@@ -36,10 +36,10 @@ class ContinuousTrainConfig(RecipeConfig):
 
 
 @torch.no_grad()
-def encode_latents(tokenizer, split: str, n: int, seed: int, batch: int = 128) -> dict:
-    """``n`` photo crops -> posterior mean and std as tokens (n, L, C) fp16, and labels."""
+def encode_latents(tokenizer, split: str, n: int, seed: int, batch: int = 128, size: int = 64) -> dict:
+    """``n`` photo crops of ``size`` pixels -> posterior mean and std as tokens (n, L, C) fp16, and labels."""
     device = next(tokenizer.parameters()).device
-    data = photos(split, n, seed=seed)
+    data = photos(split, n, seed=seed, size=size)
     means, stds = [], []
     for i in tqdm(range(0, n, batch), desc=f"encode {split}", leave=False):
         post = tokenizer.posterior(to_model_range(data.images[i:i + batch].to(device)))
@@ -48,13 +48,13 @@ def encode_latents(tokenizer, split: str, n: int, seed: int, batch: int = 128) -
     return {"mean": torch.cat(means), "std": torch.cat(stds), "labels": data.labels}
 
 
-def cached_latents(run: RunDir, tokenizer, split: str, n: int, seed: int) -> dict:
+def cached_latents(run: RunDir, tokenizer, split: str, n: int, seed: int, size: int = 64) -> dict:
     path = run.path / f"latents_{split}.pt"
     if path.exists():
         d = torch.load(path, weights_only=True)
         if d["mean"].shape[0] == n:
             return d
-    d = encode_latents(tokenizer, split, n, seed)
+    d = encode_latents(tokenizer, split, n, seed, size=size)
     buf = io.BytesIO()
     torch.save(d, buf)
     atomic_write_bytes(path, buf.getvalue())

@@ -1,4 +1,5 @@
 """Every zoo recipe (importing this registers them all with ``vgen.train.common.recipe``)."""
+from vgen.train.car_distill import CarDistillConfig, train_car_distill
 from vgen.train.continuous import ContinuousTrainConfig, train_continuous
 from vgen.train.drafter import DrafterTrainConfig, train_drafter
 from vgen.train.gpt import GPTTrainConfig, train_gpt
@@ -17,3 +18,4 @@ __all__ += ["VideoClassifierTrainConfig", "train_video_classifier"]
 __all__ += ["KLTrainConfig", "train_kl"]
 __all__ += ["ContinuousTrainConfig", "train_continuous"]
 __all__ += ["DrafterTrainConfig", "train_drafter"]
+__all__ += ["CarDistillConfig", "train_car_distill"]
