@@ -32,6 +32,7 @@ def run_measured(argv, cwd, timeout=300):
         return subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read()), usage.ru_maxrss / 1024
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_sample_writes_pngs_grid_and_stats(tiny_pipeline, tmp_path):
     out = tmp_path / "out"
     r = run(["sample", f"model.path={tiny_pipeline}", "labels=[0,3]", "num_samples=5", "batch_size=2", "seed=4",
@@ -199,6 +200,7 @@ def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path, caps
         assert e.value.code == 2 and msg in err, err
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_bad_input_in_a_real_process(tiny_pipeline, tmp_path):
     r = run(["sample", f"model.path={tiny_pipeline}", "seed=-1", f"outdir={tmp_path / 'x'}"], tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("vgen sample: error: seed must be a whole number")

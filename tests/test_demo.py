@@ -31,6 +31,7 @@ def demo():
 
 
 @needs_zoo("photos-gpt")
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_race_runs_ar_as_baseline_and_reports_speed(demo):
     res = demo.race("photos-gpt", None, "3: cat", 5, ["sjd"], {"window": 4, "init": "vertical", "top_k": 50})
     assert [r["sampler"] for r in res] == ["ar", "sjd"]
@@ -137,6 +138,7 @@ def server():
 
 
 @needs_zoo("photos-gpt")
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_gradio_client_generate_endpoint_returns_the_png(server, capfd):
     from gradio_client import Client
     from PIL import Image

@@ -76,6 +76,7 @@ def test_outdir_that_cannot_hold_samples(make, msg, tiny_pipeline, tmp_path, cap
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_refused_runs_leave_the_folder_byte_identical(tiny_pipeline, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "run"

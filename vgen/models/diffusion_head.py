@@ -309,13 +309,15 @@ class DiffusionHead(nn.Module):
         the network (time embeddings included): what a draft distilled on a target's paths maximises."""
         sch = schedule(num_steps or self.num_sampling_steps)
         guide = torch.is_tensor(cfg) or cfg != 1.0
-        t_emb = self.net.time_embed(sch.timesteps.to(z.device)[idx]).to(z.dtype)
+        t_emb = self.net.time_embed(sch.timesteps.to(z.device)[idx].clone()).to(z.dtype)
         c_emb = self.net.cond_embed(z)
         y = c_emb + (torch.cat([t_emb, t_emb]) if guide else t_emb)
         if torch.is_tensor(cfg):
             cfg = cfg.reshape(-1, 1).to(z.dtype)
         out = self._out(x, y, cfg, guide)
-        st = sch.step_rows(idx, x, out, clip_x0, sch.tensors(z.device, z.dtype))
+        consts = {k: v.clone() for k, v in sch.tensors(z.device, z.dtype).items()}  # (cached: may be inference
+        # tensors, made by a sampler earlier in the process, which autograd refuses)
+        st = sch.step_rows(idx, x, out, clip_x0, consts)
         return gaussian_logpdf(x_next, st.mean, 0.5 * st.log_var + math.log(max(temperature, 1e-12)))
 
     def _out(self, x: torch.Tensor, y: torch.Tensor, cfg, guide: bool) -> torch.Tensor:
