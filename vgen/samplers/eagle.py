@@ -188,7 +188,7 @@ def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L:
         slot = (base + inner - 1)[None].expand(B, -1)
         if cfg:
             tok, pos, slot = torch.cat([tok, tok]), torch.cat([pos, pos]), torch.cat([slot, slot])
-        if dcache is None:  # a head without attention: each node reads its parent's state alone
+        if not drafter.attends:  # each node reads its parent's state alone
             G = drafter(model, G[:, col[icol]], tok, pos)
         else:
             dcache.write_at(slot)

@@ -77,13 +77,13 @@ def load_pair(target: str, draft: str, device):
 
 
 def guidance(sampling: dict, positions: torch.Tensor, length: int) -> float | torch.Tensor:
-    """The card's guidance scale per token position (MAR's linear schedule, or a constant)."""
-    s = float(sampling.get("cfg_scale", 1.0))
-    if s == 1.0:
-        return 1.0
-    if sampling.get("cfg_schedule", "linear") == "linear":
-        return 1.0 + (s - 1.0) * positions.float() / length
-    return s
+    """The guidance scale the card's continuous sampler gives each token position (its ``cfg_scale`` and
+    ``cfg_schedule``, through :func:`vgen.samplers.continuous.guidance`)."""
+    from vgen.samplers.continuous import ContinuousOptions
+    from vgen.samplers.continuous import guidance as sampler_guidance
+    o = ContinuousOptions(cfg_scale=float(sampling.get("cfg_scale", 1.0)),
+                          cfg_schedule=sampling.get("cfg_schedule", ContinuousOptions.cfg_schedule))
+    return sampler_guidance(o, positions, length, o.guided)
 
 
 def conditions(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""Where one eager call of photos-gpt's draft head goes (docs/benchmarks.md "An attention-free head"): batch 1
+with CFG (2 rows), the shipped head on a prefilled cache, 20 warm-up calls, then 50 calls under torch.profiler;
+prints the ops by self CPU time.
+
+    python docs/scripts/head_profile.py                      # the shipped (block) head
+    python docs/scripts/head_profile.py --drafter FILE       # another drafter.safetensors
+"""
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import vgen
+from vgen.models.drafter import load_drafter
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
+    a = ap.parse_args()
+    torch.set_grad_enabled(False)
+    pipe = vgen.load_pipeline("photos-gpt")
+    m = pipe.model
+    d = load_drafter(a.drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
+    cache, dc = m.new_cache(2), d.new_cache(m, 2)
+    m.prefill(torch.tensor([1, m.num_classes]), cache)
+    if dc is not None:
+        dc.limit(None)
+    g, x = torch.randn(2, 1, m.config.dim), torch.randint(0, m.vocab_size, (2, 1))
+    pos = torch.tensor([[m.cond_len + 100]] * 2)
+    for _ in range(20):
+        d(m, g, x, pos, dc)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(50):
+            d(m, g, x, pos, dc)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+
+
+if __name__ == "__main__":
+    main()
