@@ -42,6 +42,20 @@ def interleaved_ms(parts: dict, n=200) -> dict:
     return {k: 1e3 * statistics.median(v) for k, v in out.items()}
 
 
+def setup(drafter: str = ""):
+    """photos-gpt and a draft head (``drafter``: a file, or the card's), a batch-1 CFG cache prefilled with a
+    condition, and the head's own cache: (model, head, cache, head cache or None), gradients off."""
+    torch.set_grad_enabled(False)
+    pipe = vgen.load_pipeline("photos-gpt")
+    m = pipe.model
+    d = load_drafter(drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
+    cache, dc = m.new_cache(2), d.new_cache(m, 2)
+    m.prefill(torch.tensor([1, m.num_classes]), cache)
+    if dc is not None:
+        dc.limit(None)
+    return m, d, cache, dc
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--compile", action="store_true", help="time each part through vgen's compiled()")
@@ -49,15 +63,8 @@ def main():
     ap.add_argument("--tokens", default="2:1.74,3:2.26,4:2.60", help="tokens per pass of the exact chain, per width")
     ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
     a = ap.parse_args()
-    torch.set_grad_enabled(False)
-    pipe = vgen.load_pipeline("photos-gpt")
-    m = pipe.model
-    d = load_drafter(a.drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
-    cache, dc = m.new_cache(2), d.new_cache(m, 2)
-    m.prefill(torch.tensor([1, m.num_classes]), cache)
+    m, d, cache, dc = setup(a.drafter)
     cache.limit(cache.bucket(m.cond_len + 100 + max(a.widths)))
-    if dc is not None:
-        dc.limit(None)
     kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)
 
     def target(x, pos, widx):

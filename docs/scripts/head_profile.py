@@ -10,22 +10,14 @@ import argparse
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import vgen
-from vgen.models.drafter import load_drafter
+from eagle_costs import setup  # (docs/scripts: this script's folder)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
     a = ap.parse_args()
-    torch.set_grad_enabled(False)
-    pipe = vgen.load_pipeline("photos-gpt")
-    m = pipe.model
-    d = load_drafter(a.drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
-    cache, dc = m.new_cache(2), d.new_cache(m, 2)
-    m.prefill(torch.tensor([1, m.num_classes]), cache)
-    if dc is not None:
-        dc.limit(None)
+    m, d, _, dc = setup(a.drafter)
     g, x = torch.randn(2, 1, m.config.dim), torch.randint(0, m.vocab_size, (2, 1))
     pos = torch.tensor([[m.cond_len + 100]] * 2)
     for _ in range(20):
