@@ -6,6 +6,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per worker (and its subprocesses): the workers share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` skip on machines without a CUDA device (CI has none)."""
