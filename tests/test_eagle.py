@@ -112,6 +112,32 @@ def test_drafter_file_round_trip_and_refusals(tmp_path, tiny_gpt, micro_gpt):
         load_drafter(tmp_path / "nope.safetensors")
 
 
+@pytest.mark.parametrize("arch", ["block", "mlp"])
+def test_inference_head_is_the_heads_function(tiny_gpt, arch):
+    """The sampler's few-op head (folded weights, tables) computes forward's states and the target's logits, per
+    sample positions, prefilled cache and tree masks alike, up to float rounding; a different head differs."""
+    m = tiny_gpt
+    d = make_drafter(m, seed=3, arch=arch)
+    fast = d.inference(m)
+    torch.manual_seed(0)
+    rows, S = 4, 3
+    feats, x = torch.randn(rows, S, m.config.dim), torch.randint(0, m.vocab_size, (rows, S))
+    pos = m.cond_len + torch.tensor([[0, 1, 2], [5, 6, 7], [2, 3, 4], [9, 10, 11]])
+    c1, c2 = d.new_cache(m, rows), fast.new_cache(m, rows)
+    pre = torch.randn(rows, 2, m.config.dim), torch.randint(0, m.vocab_size, (rows, 2))
+    p0 = m.cond_len + torch.tensor([[3, 4]]).expand(rows, -1)
+    d(m, *pre, p0, c1)
+    fast(m, *pre, p0, c2)  # both caches hold the same earlier slots
+    a, b = d(m, feats, x, pos, c1), fast(m, feats, x, pos, c2)
+    torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.logits(m, a), m.head(a), atol=1e-5, rtol=1e-5)
+    other = make_drafter(m, seed=4, arch=arch).inference(m)
+    assert not torch.allclose(other(m, feats, x, pos, other.new_cache(m, rows)), a, atol=1e-3)
+    if arch == "block":  # the same keys and values written
+        torch.testing.assert_close(c2.k[0], c1.k[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(c2.v[0], c1.v[0], atol=1e-5, rtol=1e-5)
+
+
 def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):
     """arch=mlp: no KV cache, a state that depends only on its own slot's (feature, token) pair (so drafting a
     chain or a tree cannot read a stale slot), a file that loads back as mlp; files without the arch field load

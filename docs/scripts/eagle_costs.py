@@ -71,19 +71,25 @@ def main():
         logits, h = m.decode_features(x, pos, cache)
         return window_target(logits, widx, True, **kw), h
 
+    fh = d.inference(m)  # the sampler's few-op path of the head
+
     def head(h, x, pos):
+        return fh(m, h, x, pos, dc)
+
+    def module_head(h, x, pos):  # the head's nn.Module forward (training's path), for comparison
         return d(m, h, x, pos, dc)
 
     def draft(g, idx, u):
-        q = window_target(m.head(g), idx, True, **kw)[:, 0]
+        q = window_target(fh.logits(m, g), idx, True, **kw)[:, 0]
         return sample_from_probs(q, u), q
 
     def chain_step(g, idx, u, x, pos):
         t, q = draft(g, idx, u)
-        return d(m, g, x, pos, dc), t, q
+        return fh(m, g, x, pos, dc), t, q
 
     wrap = compiled if a.compile else (lambda f: f)
-    step, target_c, head_c, draft_c, chain_c = map(wrap, (ar_decode_step, target, head, draft, chain_step))
+    step, target_c, head_c, module_c, draft_c, chain_c = map(wrap, (ar_decode_step, target, head, module_head, draft,
+                                                                     chain_step))
     tok, p1, u = torch.randint(0, m.vocab_size, (1, 1)), torch.tensor([m.cond_len + 100]), torch.rand(1)
     parts = {"ar": lambda: step(m, cache, tok, p1, u, True, True, 3.0, 1.0, 100, 1.0)}
     for W in a.widths:
@@ -93,6 +99,7 @@ def main():
         h = torch.randn(2, W, m.config.dim)
         parts[f"target{W}"] = lambda x=x, pos=pos, widx=widx: target_c(x, pos, widx)
         parts[f"head{W}"] = lambda h=h, x=x, pos=pos: head_c(h, x, pos[None].expand(2, -1))
+        parts[f"module{W}"] = lambda h=h, x=x, pos=pos: module_c(h, x, pos[None].expand(2, -1))
     g, idx = torch.randn(2, 1, m.config.dim), torch.tensor([[5]])
     x1, pp = torch.randint(0, m.vocab_size, (2, 1)), torch.tensor([[m.cond_len + 101]] * 2)
     parts["draft"] = lambda: draft_c(g, idx, u)
@@ -102,10 +109,10 @@ def main():
     print(f"photos-gpt, batch 1 (CFG: 2 rows), {mode}, {torch.get_num_threads()} threads, head arch {d.arch}, "
           "ms per call (median of 200)")
     print(f"AR step (model + guidance / top-k + draw): {costs['ar']:.2f}")
-    print("| W | target pass | head over W |")
-    print("|---|---|---|")
+    print("| W | target pass | head over W (the sampler's few-op path) | head over W (its nn.Module forward) |")
+    print("|---|---|---|---|")
     for W in a.widths:
-        print(f"| {W} | {costs[f'target{W}']:.2f} | {costs[f'head{W}']:.2f} |")
+        print(f"| {W} | {costs[f'target{W}']:.2f} | {costs[f'head{W}']:.2f} | {costs[f'module{W}']:.2f} |")
     print(f"one draft: {costs['draft']:.2f}; one chain step (draft + head on it): {costs['chain']:.2f}")
     tokens = {int(w): float(t) for w, t in (p.split(":") for p in a.tokens.split(","))}
     print("\n| W | tokens / pass | model ms / pass | x AR (model) | x AR if drafting were free | "

@@ -4,6 +4,7 @@ prints the ops by self CPU time.
 
     python docs/scripts/head_profile.py                      # the shipped (block) head
     python docs/scripts/head_profile.py --drafter FILE       # another drafter.safetensors
+    python docs/scripts/head_profile.py --fewop              # the sampler's few-op path (Drafter.inference)
 """
 import argparse
 
@@ -16,8 +17,11 @@ from eagle_costs import setup  # (docs/scripts: this script's folder)
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
+    ap.add_argument("--fewop", action="store_true", help="profile the sampler's few-op path instead of forward")
     a = ap.parse_args()
     m, d, _, dc = setup(a.drafter)
+    if a.fewop:
+        d = d.inference(m)
     g, x = torch.randn(2, 1, m.config.dim), torch.randint(0, m.vocab_size, (2, 1))
     pos = torch.tensor([[m.cond_len + 100]] * 2)
     for _ in range(20):

@@ -26,6 +26,7 @@ from dataclasses import asdict, replace
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from vgen.errors import VGenError
 from vgen.kernels.kv_cache import KVCache
@@ -82,6 +83,11 @@ class Drafter(nn.Module):
             attn_mask = cache.causal_mask(input_pos)
         return self.block(x, rope, attn_mask, cache, 0, input_pos)
 
+    @torch.no_grad()
+    def inference(self, target) -> InferenceHead:
+        """This head's few-op inference path for ``target`` (what the eagle sampler calls per pass)."""
+        return InferenceHead(self, target)
+
     @staticmethod
     def logits(target, hidden: torch.Tensor) -> torch.Tensor:
         return target.head(hidden)
@@ -108,6 +114,97 @@ class Drafter(nn.Module):
     @property
     def config_json(self) -> str:
         return json.dumps(asdict(self.config))
+
+
+class InferenceHead:
+    """The head's inference path for one target: ``Drafter.forward``'s function with its weights pre-arranged for
+    few ops per call (on a CPU a small head's call is per-op dispatch and streaming its weights: docs/benchmarks.md
+    "A few-op head"). The projection's token half is folded with the target's embedding into one (V, d) table, the
+    norms' gains into the products after them, the FFN's two input products into one; weights are stored (in, out)
+    (the fastest orientation for a few rows); positions are table lookups (RoPE as two multiplies on q and k at
+    once). Same call as the drafter (``head(target, feats, tokens, input_pos, cache=None, attn_mask=None)``),
+    ``attends``, ``new_cache`` and ``logits``; no gradients. Made by :meth:`Drafter.inference`; equal to ``forward``
+    and the target's head up to float rounding (``tests/test_eagle.py``)."""
+
+    def __init__(self, drafter: "Drafter", target):
+        self.drafter, self.arch, d = drafter, drafter.arch, drafter.config.dim
+        w = drafter.fc.weight.detach()
+        dt, dev = w.dtype, w.device
+        self.wg = w[:, :d].t().contiguous()  # feature half, (in, out)
+        emb = target.tok_embeddings.weight.detach().to(dt)
+        self.emb = torch.addmm(drafter.fc.bias.detach(), emb, w[:, d:].t())  # token half + bias, per token
+
+        def gained(norm, *linears):  # (in, out) weights of the products after an RMSNorm, its gain folded in
+            return norm.eps, torch.cat([m.weight.detach() for m in linears]).mul(norm.weight.detach()).t().contiguous()
+
+        if self.arch == "mlp":
+            ff = drafter.feed_forward
+            self.ffn_eps, self.w13 = gained(drafter.ffn_norm, ff.w1, ff.w3)
+        else:
+            blk = drafter.block
+            at, ff = blk.attention, blk.feed_forward
+            self.attn_eps, self.wqkv = gained(blk.attention_norm, at.wqkv)
+            self.ffn_eps, self.w13 = gained(blk.ffn_norm, ff.w1, ff.w3)
+            self.wo = at.wo.weight.detach().t().contiguous()
+            self.n_head, self.n_kv_head, self.head_dim = at.n_head, at.n_kv_head, at.head_dim
+            # positions: the target's own, for every slot, as tables (additive embeddings and RoPE cos / sin)
+            n = target.cond_len + target.seq_len
+            x0, rope = target.positions(torch.zeros(1, n, d, dtype=dt, device=dev), torch.arange(n, device=dev))
+            self.add_pos = x0[0] if bool(x0.any()) else None
+            if rope is None:
+                self.cos = self.sin = None
+            else:  # rope (n, hd/2, 2): pairs (x0, x1) -> (x0 c - x1 s, x1 c + x0 s) = x * cos + swap(x) * sin
+                c, s = rope[..., 0].to(dt), rope[..., 1].to(dt)
+                self.cos = c.repeat_interleave(2, -1)
+                self.sin = torch.stack([-s, s], -1).flatten(-2)
+        self.w2 = ff.w2.weight.detach().t().contiguous()
+        # the target's output head (final norm, then the product), folded alike where it is GPT's own
+        from vgen.models.gpt import GPT
+        plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None
+        self.head = gained(target.norm, target.output) if plain else None
+
+    @property
+    def attends(self) -> bool:
+        return self.arch == "block"
+
+    def new_cache(self, target, rows: int, extra: int = 0):
+        return self.drafter.new_cache(target, rows, extra)
+
+    def logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's head on the head's states (rows, S, d) -> float logits (rows, S, V)."""
+        if self.head is None:
+            return target.head(hidden)
+        eps, w = self.head
+        return torch.mm(F.rms_norm(hidden.reshape(-1, hidden.shape[-1]), (hidden.shape[-1],), None, eps),
+                        w).float().view(*hidden.shape[:-1], -1)
+
+    def _ffn(self, x):
+        a, b = torch.mm(F.rms_norm(x, (x.shape[-1],), None, self.ffn_eps), self.w13).chunk(2, -1)
+        return torch.addmm(x, F.silu(a) * b, self.w2)
+
+    def __call__(self, target, feats, tokens, input_pos, cache=None, attn_mask=None):
+        B, S = tokens.shape
+        d = self.wg.shape[0]
+        x = torch.addmm(self.emb[tokens.reshape(-1)], feats.reshape(B * S, d).to(self.wg.dtype), self.wg)
+        if not self.attends:
+            return self._ffn(x).view(B, S, d)
+        if self.add_pos is not None:
+            x = x + self.add_pos[input_pos].expand(B, S, d).reshape(B * S, d)
+        H, Hk, hd = self.n_head, self.n_kv_head, self.head_dim
+        qkv = torch.mm(F.rms_norm(x, (d,), None, self.attn_eps), self.wqkv).view(B, S, H + 2 * Hk, hd)
+        qk, v = qkv[:, :, :H + Hk], qkv[:, :, H + Hk:]
+        if self.cos is not None:
+            cs, sn = self.cos[input_pos], self.sin[input_pos]  # (S, hd) or (B, S, hd)
+            qk = qk * cs.unsqueeze(-2) + qk.unflatten(-1, (hd // 2, 2)).flip(-1).flatten(-2) * sn.unsqueeze(-2)
+        q, k, v = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2), v.transpose(1, 2)
+        if cache is not None:
+            if attn_mask is None:
+                attn_mask = cache.causal_mask(input_pos)
+            k, v = cache.update(0, input_pos, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
+                                           enable_gqa=Hk != H)
+        x = torch.addmm(x, y.transpose(1, 2).reshape(B * S, d), self.wo)
+        return self._ffn(x).view(B, S, d)
 
 
 def target_features(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from vgen.kernels.neighbours import latent_neighbours
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, window_target
-from vgen.models.drafter import Drafter
+from vgen.models.drafter import Drafter, InferenceHead
 from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.gsd import gsd_rule
 from vgen.samplers.lantern import lantern_rule
@@ -79,7 +79,7 @@ class EagleOptions(SpeculativeOptions):
             parse_tree(self.tree)
 
 
-def catch_up(model, drafter: Drafter, dcache, h, x, pos, kr):
+def catch_up(model, drafter: InferenceHead, dcache, h, x, pos, kr):
     """The head's state after each row's decided token: (rows, 1, d) from the pass's target states ``h`` and tokens
     ``x`` (rows, W) at ``pos``, row r's decided one at column ``kr[r]`` ((rows, 1)). A head that attends writes every
     column into its cache (its later queries read them); one that does not runs on that column alone."""
@@ -90,7 +90,7 @@ def catch_up(model, drafter: Drafter, dcache, h, x, pos, kr):
     return drafter(model, h.gather(1, kr[..., None].expand(-1, 1, h.shape[-1])), x.gather(1, kr), pos.gather(1, kr))
 
 
-def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, live, sampling: dict):
+def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: bool, live, sampling: dict):
     """``D = uf.shape[1]`` drafts from the head's state ``g`` (rows, 1, d), which predicts token ``nxt`` (B,):
     draw token nxt from the head's distribution, feed (g, token) at its slot, and so on. Rows not ``live`` write to
     a junk slot (the last one: it only ever predicts past the end). Returns drafts (B, D) and their distributions
@@ -99,7 +99,7 @@ def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, 
     junk = model.cond_len + L - 1
     drafts, qs = [], []
     for j in range(D):
-        q = window_target(model.head(g), (nxt + j)[:, None], cfg, **sampling)[:, 0]
+        q = window_target(drafter.logits(model, g), (nxt + j)[:, None], cfg, **sampling)[:, 0]
         d = sample_from_probs(q, uf[:, j])
         drafts.append(d)
         qs.append(q)
@@ -115,7 +115,7 @@ def draft_chain(model, drafter: Drafter, dcache, g, nxt, uf, L: int, cfg: bool, 
 def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
                grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
                top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
-               coupling: str = "independent", gkeys=None, drafter: Drafter | None = None, dcache=None):
+               coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None):
     """One target pass of width W + verification + the head's next drafts; the state is spec_step's (tokens[b,
     :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b])."""
     sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
@@ -154,7 +154,7 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     return tokens, n, qwin, logp, smap, counts
 
 
-def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
+def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
                children: str):
     """A static tree of drafts from the head's state ``g`` (rows, 1, d), which predicts token ``nxt`` (B,): per
     depth, each parent's distribution proposes its children (``sample``: draws with the node's uniform from ``uf``
@@ -168,7 +168,7 @@ def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L:
         last = torch.cat([last, last])
     f = torch.zeros((B, N), dtype=torch.long, device=nxt.device)
     qn = torch.zeros((B, N, V), device=nxt.device)
-    Q = window_target(model.head(g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's distribution
+    Q = window_target(drafter.logits(model, g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's distribution
     G = g
     for d, (nodes, col, ranks, inner, icol) in enumerate(tree.levels, start=1):
         qp = Q[:, col]  # (B, M, V): each node's parent's distribution
@@ -194,14 +194,14 @@ def draft_tree(model, drafter: Drafter, dcache, tree: StaticTree, g, nxt, uf, L:
             dcache.write_at(slot)
             G = drafter(model, G[:, col[icol]], tok, pos, dcache, attn_mask=tree.head_mask(inner, last, dcache.slots))
             dcache.write_at(None)
-        Q = window_target(model.head(G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
+        Q = window_target(drafter.logits(model, G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
     return f, qn
 
 
 def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
                     grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
                     top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
-                    coupling: str = "independent", gkeys=None, drafter: Drafter | None = None, dcache=None,
+                    coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None,
                     tree: StaticTree | None = None, children: str = "sample"):
     """One tree pass: the target reads the last decided token and all N tree nodes (tokens[b, n[b]:n[b]+N], node
     j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree, keeps the accepted path's cache
@@ -335,9 +335,10 @@ class EagleSampler(SpeculativeSampler):
         return [self.tree_window()] if self.options.tree else list(range(2, self.options.max_window + 1))
 
     def step_kwargs(self, model, rows: int) -> dict:
+        head = self._drafter.inference(model)  # the head's few-op path (same function, pre-arranged weights)
         if self._tree is None:
-            return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows)}
-        return {"drafter": self._drafter, "dcache": self._drafter.new_cache(model, rows, extra=self._tree.size),
+            return {"drafter": head, "dcache": head.new_cache(model, rows)}
+        return {"drafter": head, "dcache": head.new_cache(model, rows, extra=self._tree.size),
                 "tree": self._tree, "children": self.options.children}
 
     def new_cache(self, model, rows: int):
