@@ -114,8 +114,9 @@ def test_drafter_file_round_trip_and_refusals(tmp_path, tiny_gpt, micro_gpt):
 
 @pytest.mark.parametrize("arch", ["block", "mlp"])
 def test_inference_head_is_the_heads_function(tiny_gpt, arch):
-    """The sampler's few-op head (folded weights, tables) computes forward's states and the target's logits, per
-    sample positions, prefilled cache and tree masks alike, up to float rounding; a different head differs."""
+    """The sampler's few-op head (folded weights, tables) computes forward's states, cache writes and the target's
+    logits, with per-sample positions, a prefilled cache and an explicit mask (as tree drafting passes), up to
+    float rounding; a different head differs."""
     m = tiny_gpt
     d = make_drafter(m, seed=3, arch=arch)
     fast = d.inference(m)
@@ -133,9 +134,14 @@ def test_inference_head_is_the_heads_function(tiny_gpt, arch):
     torch.testing.assert_close(fast.logits(m, a), m.head(a), atol=1e-5, rtol=1e-5)
     other = make_drafter(m, seed=4, arch=arch).inference(m)
     assert not torch.allclose(other(m, feats, x, pos, other.new_cache(m, rows)), a, atol=1e-3)
-    if arch == "block":  # the same keys and values written
+    if arch == "block":  # the same keys and values written; an explicit mask (a tree's) is honoured alike
         torch.testing.assert_close(c2.k[0], c1.k[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(c2.v[0], c1.v[0], atol=1e-5, rtol=1e-5)
+        mask = c1.causal_mask(pos) & (torch.rand(rows, 1, S, c1.max_len) < 0.7)
+        mask |= (c1.slots == pos[..., None])[:, None]  # every query sees its own slot
+        a, b = d(m, feats, x, pos, c1, attn_mask=mask), fast(m, feats, x, pos, c2, attn_mask=mask)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(a, d(m, feats, x, pos, c1), atol=1e-4)  # the mask changed what was read
 
 
 def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from vgen.errors import VGenError
 from vgen.kernels.kv_cache import KVCache
-from vgen.models.gpt import FeedForward, GPTConfig, RMSNorm, TransformerBlock
+from vgen.models.gpt import GPT, FeedForward, GPTConfig, RMSNorm, TransformerBlock
 
 ARCHS = ("block", "mlp")
 
@@ -159,7 +159,6 @@ class InferenceHead:
                 self.sin = torch.stack([-s, s], -1).flatten(-2)
         self.w2 = ff.w2.weight.detach().t().contiguous()
         # the target's output head (final norm, then the product), folded alike where it is GPT's own
-        from vgen.models.gpt import GPT
         plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None
         self.head = gained(target.norm, target.output) if plain else None
 

@@ -168,7 +168,7 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
         last = torch.cat([last, last])
     f = torch.zeros((B, N), dtype=torch.long, device=nxt.device)
     qn = torch.zeros((B, N, V), device=nxt.device)
-    Q = window_target(drafter.logits(model, g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's distribution
+    Q = window_target(drafter.logits(model, g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's
     G = g
     for d, (nodes, col, ranks, inner, icol) in enumerate(tree.levels, start=1):
         qp = Q[:, col]  # (B, M, V): each node's parent's distribution
@@ -299,7 +299,7 @@ class EagleSampler(SpeculativeSampler):
             raise VGenError("sampler 'eagle' needs a draft head: pass drafter=<drafter.safetensors> (a Pipeline loads "
                             "the one its card names; train one with `vgen train recipe=drafter`)")
         draft.check_target(model)
-        return draft
+        return draft.inference(model)  # the head's few-op path, built once per call (timed widths included)
 
     @property
     def step_fn(self):
@@ -316,7 +316,7 @@ class EagleSampler(SpeculativeSampler):
             samples, job_batch = job_shape(cond.shape[0], batch_size)
             b = min(samples, job_batch)
             w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.fixed(w)._run(
-                model, c, s, False, b, codebook=codebook, draft=draft), ident=(draft.digest(),)) \
+                model, c, s, False, b, codebook=codebook, draft=draft), ident=(draft.drafter.digest(),)) \
                 if o.window == "auto" else tree_window
             if w == 1:
                 return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
@@ -335,7 +335,7 @@ class EagleSampler(SpeculativeSampler):
         return [self.tree_window()] if self.options.tree else list(range(2, self.options.max_window + 1))
 
     def step_kwargs(self, model, rows: int) -> dict:
-        head = self._drafter.inference(model)  # the head's few-op path (same function, pre-arranged weights)
+        head = self._drafter
         if self._tree is None:
             return {"drafter": head, "dcache": head.new_cache(model, rows)}
         return {"drafter": head, "dcache": head.new_cache(model, rows, extra=self._tree.size),
