@@ -11,6 +11,10 @@ steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (do
     python docs/scripts/eagle_costs.py --drafter runs/photos-gpt-drafter-mlp/drafter.safetensors --tokens 3:1.91,4:2.04
                                                        # another head, e.g. the attention-free one (arch=mlp)
 
+The head's parts (catch-up, draft, chain step) run through the sampler's few-op path (``Drafter.inference``, since
+commit 071bec2); the table also times the head's ``nn.Module`` forward, the path the docs' earlier head numbers
+(before "A few-op head") were measured on.
+
 A head that does not attend catches up on the decided token alone (the sampler's ``catch_up``): its catch-up cost
 is the head over 1 token whatever W.
 """
