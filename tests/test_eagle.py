@@ -91,6 +91,43 @@ def test_eagle_compiled_step_gives_the_eager_tokens(tiny_gpt):
     assert torch.equal(eager, comp)
 
 
+def test_draft_distribution_is_the_targets_filter_over_its_top_k():
+    """The drafts' distribution (``draft_dist`` + ``dense``) is ``window_target``'s (guidance, its interval,
+    temperature, top-k) for tie-free logits; draws land on tokens with mass in proportion to it (a two-sample check
+    against the probabilities, and against a wrong one for power); a k-th-place tie keeps exactly k tokens; with
+    top-p it is window_target's own."""
+    from exact import chi2_p
+
+    from vgen.kernels.verify import window_target
+    from vgen.samplers.eagle import dense, draft_dist, draw
+    g = torch.Generator().manual_seed(0)
+    V = 50
+    logits = torch.randn(4, 3, V, generator=g) * 2  # rows [cond; uncond] of 2 samples, 3 positions
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    for kw in (dict(cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=7, top_p=1.0),
+               dict(cfg_scale=3.0, cfg_interval=3, temperature=0.8, top_k=5, top_p=1.0),
+               dict(cfg_scale=2.0, cfg_interval=-1, temperature=1.0, top_k=7, top_p=0.9)):
+        want = window_target(logits, idx, True, **kw)
+        probs, ids = draft_dist(logits, idx, True, **kw)
+        assert (ids is None) == (kw["top_p"] < 1.0)
+        torch.testing.assert_close(dense(probs, ids, V), want)
+    kw = dict(cfg_scale=2.0, cfg_interval=-1, temperature=0.9, top_k=6, top_p=1.0)
+    probs, ids = draft_dist(logits[:, :1], idx[:, :1], True, **kw)
+    q = dense(probs, ids, V)[0, 0].double()
+    n = 40_000
+    u = torch.rand(n, generator=g)
+    x = draw(probs[:1, 0].expand(n, -1), ids[:1, 0].expand(n, -1), u)
+    counts = torch.bincount(x, minlength=V).double()
+    assert counts[q == 0].sum() == 0
+    keep = q > 0
+    assert chi2_p(counts[keep].numpy(), q[keep].numpy()) > 1e-3
+    assert chi2_p(counts[keep].numpy(), q[keep].flip(0).numpy()) < 1e-6
+    tie = torch.zeros(1, 1, V)
+    tie[..., :3] = 1.0  # three tokens tied at the top: top-2 keeps two of them
+    probs, ids = draft_dist(tie, idx[:1, :1], False, 1.0, -1, 1.0, 2, 1.0)
+    assert (dense(probs, ids, V) > 0).sum() == 2 and probs.sum().item() == pytest.approx(1.0)
+
+
 def test_drafter_file_round_trip_and_refusals(tmp_path, tiny_gpt, micro_gpt):
     d = make_drafter(tiny_gpt, seed=2)
     save_drafter(d, tmp_path / "d.safetensors")
@@ -217,6 +254,42 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
             train_drafter(DrafterTrainConfig(**{**dict(out=str(out), model=str(tiny_pipeline), codes=str(codes)),
                                                 **bad}))
         assert not out.exists()
+
+
+def test_drafter_recipe_self_samples_are_the_targets_own_and_resume(tmp_path, tiny_pipeline):
+    """``self_samples``: the sequences are exactly the pipeline's own samples (seed i per sequence, whatever the
+    chunking), a stopped run extends its cache instead of starting over, and the recipe trains on them and logs the
+    held-out numbers on the target's samples beside the crops' ones; a negative count is refused."""
+    import vgen
+    from vgen.train.common import RunDir
+    from vgen.train.drafter import DrafterTrainConfig, self_codes, train_drafter
+    pipe = vgen.load_pipeline(str(tiny_pipeline))
+    run = RunDir(tmp_path / "cache")
+    c5, l5 = self_codes(run, pipe, 5, 100, "s", chunk=2)  # chunks 2, 2, 1
+    assert torch.load(run.path / "s.pt", weights_only=True)["codes"].shape[0] == 5
+    c8, l8 = self_codes(run, pipe, 8, 100, "s", chunk=2)  # resumes at 5
+    k = pipe.model.num_classes
+    ref = pipe.generate([i % k for i in range(8)], seed=100, batch_size=8, compile=False)
+    assert torch.equal(c8.long(), ref.tokens) and torch.equal(l8, ref.labels.long()) and torch.equal(c8[:5], c5)
+    assert c8.dtype == torch.int16 and not torch.equal(c8[0], c8[k])  # same class, other seed: other sequence
+
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    for split, n, seed in (("train", 32, 0), ("test", 8, 1000)):
+        labels = torch.arange(n) % 4
+        toks, _ = sample(pipe.model, labels, "ar", seed=seed, cfg_scale=2.0, top_k=8)
+        torch.save({"codes": toks.to(torch.int16), "labels": labels}, codes / f"codes_{split}.pt")
+    cfg = DrafterTrainConfig(out=str(tmp_path / "run"), model=str(tiny_pipeline), codes=str(codes), n_train=32,
+                             n_test=8, steps=4, batch_size=8, save_every=2, warmup=1, self_samples=16)
+    m = train_drafter(cfg)
+    assert {"test_acceptance", "self_test_acceptance"} <= set(m) and 0 < m["self_test_acceptance"] <= 1
+    d = torch.load(tmp_path / "run" / "self_train.pt", weights_only=True)
+    assert d["codes"].shape == (16, pipe.model.seq_len)
+    assert torch.load(tmp_path / "run" / "self_test.pt", weights_only=True)["codes"].shape[0] == 8
+    out = tmp_path / "refused"
+    with pytest.raises(VGenError, match="self_samples must be >= 0"):
+        train_drafter(DrafterTrainConfig(out=str(out), model=str(tiny_pipeline), codes=str(codes), self_samples=-1))
+    assert not out.exists()
 
 
 def test_train_cli_takes_the_target_as_model_and_refuses_bad_targets(tmp_path, tiny_var_pipeline, capsys,

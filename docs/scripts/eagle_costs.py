@@ -65,8 +65,11 @@ def main():
     ap.add_argument("--compile", action="store_true", help="time each part through vgen's compiled()")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--tokens", default="2:1.74,3:2.26,4:2.60", help="tokens per pass of the exact chain, per width")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's, this machine's cores)")
     ap.add_argument("--drafter", default="", help="a drafter.safetensors (default: the one photos-gpt's card names)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     m, d, cache, dc = setup(a.drafter)
     cache.limit(cache.bucket(m.cond_len + 100 + max(a.widths)))
     kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)

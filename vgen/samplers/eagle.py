@@ -32,7 +32,7 @@ import torch
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.neighbours import latent_neighbours
-from vgen.kernels.sampling import sample_from_probs
+from vgen.kernels.sampling import guide, sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, window_target
 from vgen.models.drafter import Drafter, InferenceHead
@@ -79,6 +79,45 @@ class EagleOptions(SpeculativeOptions):
             parse_tree(self.tree)
 
 
+def draft_dist(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
+               temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The head's distribution at each position (``logits`` (rows, S, V), rows [cond; uncond] under CFG;
+    ``token_index`` (B, S) as :func:`window_target`'s), guided, temperature-scaled and filtered as the target's, as
+    (probabilities, token ids): with top-k and no top-p, over the k kept tokens only ((B, S, k) each, most likely
+    first), so a draw searches k entries, not V (:func:`draw`); otherwise over the vocabulary (ids None). At a
+    k-th-place tie it keeps exactly k tokens where the target's filter keeps every tied one: the drafts are drawn
+    from this distribution and verified against it (:func:`dense`), so the exact rule stays exact."""
+    if top_k <= 0 or top_k >= logits.shape[-1] or top_p < 1.0:
+        return window_target(logits, token_index, cfg, cfg_scale, cfg_interval, temperature, top_k, top_p), None
+    if cfg:
+        guided = guide(logits, cfg_scale)
+        if cfg_interval >= 0:
+            guided = torch.where((token_index <= cfg_interval + 1)[..., None], guided, logits[: logits.shape[0] // 2])
+        logits = guided
+    if temperature != 1.0:  # x / 1.0 is x: the division is skipped, not changed
+        logits = logits / max(temperature, 1e-5)
+    vals, ids = logits.topk(top_k, dim=-1)
+    return vals.softmax(-1), ids
+
+
+def draw(probs: torch.Tensor, ids: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draws from :func:`draft_dist`'s (probabilities (..., K), ids) with uniforms ``u`` (...) -> token
+    ids (...); never a zero-probability token (rounding at the tail falls back to the last token with mass)."""
+    if ids is None:
+        return sample_from_probs(probs, u)
+    cdf = probs.cumsum(-1)  # probs are sorted, most likely first: the tokens with mass come first
+    j = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None], right=True)
+    j = torch.minimum(j, (probs > 0).sum(-1, keepdim=True) - 1)
+    return ids.gather(-1, j)[..., 0]
+
+
+def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """:func:`draft_dist`'s distribution over the whole vocabulary (..., V), as verification takes it."""
+    if ids is None:
+        return probs
+    return probs.new_zeros(*probs.shape[:-1], vocab_size).scatter_(-1, ids, probs)
+
+
 def catch_up(model, drafter: InferenceHead, dcache, h, x, pos, kr):
     """The head's state after each row's decided token: (rows, 1, d) from the pass's target states ``h`` and tokens
     ``x`` (rows, W) at ``pos``, row r's decided one at column ``kr[r]`` ((rows, 1)). A head that attends writes every
@@ -99,10 +138,11 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
     junk = model.cond_len + L - 1
     drafts, qs = [], []
     for j in range(D):
-        q = window_target(drafter.logits(model, g), (nxt + j)[:, None], cfg, **sampling)[:, 0]
-        d = sample_from_probs(q, uf[:, j])
+        probs, ids = draft_dist(drafter.logits(model, g), (nxt + j)[:, None], cfg, **sampling)
+        ids = None if ids is None else ids[:, 0]
+        d = draw(probs[:, 0], ids, uf[:, j])
         drafts.append(d)
-        qs.append(q)
+        qs.append(dense(probs[:, 0], ids, model.vocab_size))
         if j < D - 1:
             pos = torch.where(live & (nxt + j < L), model.cond_len + nxt + j, junk)[:, None]
             x = d[:, None]
@@ -168,15 +208,15 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
         last = torch.cat([last, last])
     f = torch.zeros((B, N), dtype=torch.long, device=nxt.device)
     qn = torch.zeros((B, N, V), device=nxt.device)
-    Q = window_target(drafter.logits(model, g), nxt[:, None], cfg, **sampling)  # (B, 1, V): the root's children's
+    Q, I = draft_dist(drafter.logits(model, g), nxt[:, None], cfg, **sampling)  # (B, 1, k): the root's children's
     G = g
     for d, (nodes, col, ranks, inner, icol) in enumerate(tree.levels, start=1):
-        qp = Q[:, col]  # (B, M, V): each node's parent's distribution
+        qp, ip = Q[:, col], None if I is None else I[:, col]  # (B, M, k): each node's parent's distribution
         if children == "sample":
-            x = sample_from_probs(qp, uf[:, nodes - 1])
-            qx = qp
+            x = draw(qp, ip, uf[:, nodes - 1])
+            qx = dense(qp, ip, V)
         else:
-            top = Q.topk(tree.max_children, dim=-1).indices  # (B, parents, most children)
+            top = dense(Q, I, V).topk(tree.max_children, dim=-1).indices  # (B, parents, most children)
             x = top[:, col, ranks]
             qx = torch.nn.functional.one_hot(x, V).to(qn.dtype)
         f[:, nodes - 1] = x
@@ -194,7 +234,7 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
             dcache.write_at(slot)
             G = drafter(model, G[:, col[icol]], tok, pos, dcache, attn_mask=tree.head_mask(inner, last, dcache.slots))
             dcache.write_at(None)
-        Q = window_target(drafter.logits(model, G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
+        Q, I = draft_dist(drafter.logits(model, G), (nxt + d)[:, None].expand(-1, inner.numel()), cfg, **sampling)
     return f, qn
 
 

@@ -7,7 +7,10 @@ drafter on them with teacher forcing: smooth-L1 to the target's next hidden stat
 cross-entropy against the target's next-token distribution, with uniform noise on the input features (EAGLE).
 Token sequences: the pipeline's tokenizer over the embedded photographs, or a folder of cached codes
 (``codes=<folder>`` holding ``codes_train.pt`` / ``codes_test.pt`` as ``{"codes": int (N, L), "labels": (N,)}``,
-e.g. official LlamaGen checkpoints' ImageNet codes). Held-out numbers logged at every checkpoint: the
+e.g. official LlamaGen checkpoints' ImageNet codes). ``self_samples=N`` adds N sequences sampled from the target
+itself (its plain sampler, the card's sampling: the contexts the head drafts in at generation time, which the
+photographs' codes only approximate; cached as ``self_train.pt``, written chunk by chunk so a stopped run resumes),
+and holds out ``n_test`` more whose numbers are logged with a ``self_`` prefix. Held-out numbers logged at every checkpoint: the
 one-step acceptance sum_x min(p, q) under the card's guidance, top-k and temperature (what the exact rule accepts
 for a first draft), top-1 agreement, and the losses. Writes ``drafter.safetensors``; ``install=true`` also copies
 it next to the pipeline and lists it in ``pipeline.json``.
@@ -45,6 +48,7 @@ class DrafterTrainConfig(RecipeConfig):
     save_every: int = 100
     install: bool = False          # copy drafter.safetensors next to the pipeline and list it in pipeline.json
     arch: str = "block"            # block (EAGLE's one transformer block) or mlp (attention-free, no KV cache)
+    self_samples: int = 0          # + this many sequences sampled from the target (card sampling); n_test more held out
 
 
 def load_target(name: str, device):
@@ -90,6 +94,32 @@ def cached_features(run, target, codes: torch.Tensor, labels: torch.Tensor, spli
     torch.save({"features": feats}, buf)
     atomic_write_bytes(path, buf.getvalue())
     return feats
+
+
+@torch.no_grad()
+def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` sequences sampled from the pipeline's model with its plain sampler and the card's sampling (eager;
+    classes in turn; sequence i from seed ``seed + i``, so any chunking gives the same codes) -> (codes int16
+    (n, L), labels int64 (n,)) on the CPU; cached as ``<name>.pt``, saved after every chunk of ``chunk`` and
+    resumed from there."""
+    path = run.path / f"{name}.pt"
+    codes = torch.empty((0, pipe.model.seq_len), dtype=torch.int16)
+    labels = torch.empty(0, dtype=torch.long)
+    if path.exists():
+        d = torch.load(path, weights_only=True)
+        codes, labels = d["codes"], d["labels"]
+    k = pipe.model.num_classes
+    while codes.shape[0] < n:
+        i = codes.shape[0]
+        m = min(chunk, n - i)
+        g = pipe.generate([(i + j) % k for j in range(m)], seed=seed + i, batch_size=m, compile=False)
+        codes = torch.cat([codes, g.tokens.to(torch.int16)])
+        labels = torch.cat([labels, g.labels.long()])
+        buf = io.BytesIO()
+        torch.save({"codes": codes, "labels": labels}, buf)
+        atomic_write_bytes(path, buf.getvalue())
+        print(f"{name}: {codes.shape[0]} / {n} sequences sampled from the target", flush=True)
+    return codes[:n], labels[:n]
 
 
 def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.Tensor, noise: float = 0.0,
@@ -145,8 +175,8 @@ def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int 
 def train_drafter(cfg: DrafterTrainConfig) -> dict:
     if cfg.codes and not Path(cfg.codes).is_dir():
         raise VGenError(f"codes={cfg.codes} is not a folder: give one holding codes_train.pt and codes_test.pt")
-    if cfg.noise < 0 or cfg.cls_weight < 0:
-        raise VGenError("noise and cls_weight must be >= 0")
+    if cfg.noise < 0 or cfg.cls_weight < 0 or cfg.self_samples < 0:
+        raise VGenError("noise, cls_weight and self_samples must be >= 0")
     if cfg.arch not in ARCHS:
         raise VGenError(f"arch={cfg.arch} is not a drafter architecture: use one of {', '.join(ARCHS)}")
     from vgen.train.common import train_device
@@ -169,8 +199,16 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         te_codes, te_labels = cached_codes(run, pipe.tokenizer, "test", cfg.n_test, cfg.seed + 1)
     tr_feats = cached_features(run, target, tr_codes, tr_labels.to(device), "train")
     te_feats = cached_features(run, target, te_codes, te_labels.to(device), "test")
-    tr_codes, te_codes = tr_codes.long().to(device), te_codes.long().to(device)
-    te_feats = te_feats.to(device)
+    held_out = [("", te_feats, te_codes)]
+    if cfg.self_samples:  # seeds far from any the bench or tests use
+        s_codes, s_labels = self_codes(run, pipe, cfg.self_samples, 10_000_000 * (cfg.seed + 1), "self_train")
+        s_feats = cached_features(run, target, s_codes, s_labels.to(device), "self_train")
+        st_codes, st_labels = self_codes(run, pipe, cfg.n_test, 10_000_000 * (cfg.seed + 1) + 5_000_000, "self_test")
+        st_feats = cached_features(run, target, st_codes, st_labels.to(device), "self_test")
+        tr_codes, tr_feats = torch.cat([tr_codes.to(s_codes.dtype), s_codes]), torch.cat([tr_feats, s_feats])
+        held_out.append(("self_", st_feats, st_codes))
+    tr_codes = tr_codes.long().to(device)
+    held_out = [(pre, f.to(device), c.long().to(device)) for pre, f, c in held_out]
 
     drafter = Drafter(target.config, cfg.arch).to(device)
     opt = adamw(drafter, cfg.lr, cfg.weight_decay)
@@ -185,15 +223,19 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         return r["reg"] + cfg.cls_weight * r["cls"], {"reg": r["reg"].detach(), "cls": r["cls"].detach(),
                                                        "top1": top1}
 
+    def held_out_metrics() -> dict:
+        return {pre + k: v for pre, f, c in held_out
+                for k, v in evaluate(drafter, target, f, c, pipe.card.get("sampling", {})).items()}
+
     def on_save(step):
-        run.log({"step": step, **evaluate(drafter, target, te_feats, te_codes, pipe.card.get("sampling", {}))})
+        run.log({"step": step, **held_out_metrics()})
 
     step, _ = train_loop(cfg, drafter, opt, run, step_fn, desc="drafter", clip=1.0, log_every=10,
                          bar={"loss": "{loss:.3f}", "top1": "{top1:.2f}"}, on_save=on_save)
     with torch.no_grad():  # measure the fp16 weights that ship
         for t in drafter.state_dict().values():
             t.copy_(t.half().float())
-    metrics = evaluate(drafter, target, te_feats, te_codes, pipe.card.get("sampling", {}))
+    metrics = held_out_metrics()
     run.log({"step": step, "final": True, **metrics})
     out = run.path / "drafter.safetensors"
     save_drafter(drafter, out, extra={"train": asdict(cfg), "metrics": metrics, "target": cfg.model})
