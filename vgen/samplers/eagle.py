@@ -118,12 +118,13 @@ def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> tor
     return probs.new_zeros(*probs.shape[:-1], vocab_size).scatter_(-1, ids, probs)
 
 
-def catch_up(model, drafter: InferenceHead, dcache, h, x, pos, kr):
+def catch_up(model, drafter: InferenceHead, dcache, h, x, pos, kr, length: int | None = None):
     """The head's state after each row's decided token: (rows, 1, d) from the pass's target states ``h`` and tokens
     ``x`` (rows, W) at ``pos``, row r's decided one at column ``kr[r]`` ((rows, 1)). A head that attends writes every
-    column into its cache (its later queries read them); one that does not runs on that column alone."""
+    column into its cache (its later queries read them); one that does not runs on that column alone. ``length``:
+    the slots the head's attention reads until the next catch-up (None: all)."""
     if drafter.attends:
-        dcache.limit(None)
+        dcache.limit(length)
         g = drafter(model, h, x, pos, dcache)
         return g.gather(1, kr[..., None].expand(-1, 1, g.shape[-1]))
     return drafter(model, h.gather(1, kr[..., None].expand(-1, 1, h.shape[-1])), x.gather(1, kr), pos.gather(1, kr))
@@ -186,7 +187,9 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     if cfg:
         cand, dpos = torch.cat([cand, cand]), torch.cat([dpos, dpos])
     kr = torch.cat([kk, kk]) if cfg else kk
-    g = catch_up(model, drafter, dcache, h, cand, dpos, kr)  # the state after the decided token n+k
+    # the head's queries this step sit at most W + D - 1 slots past the target's (catch-up, then the chain); rows
+    # parked on the junk slot may read less: their states are never used
+    g = catch_up(model, drafter, dcache, h, cand, dpos, kr, cache.length + W + D)  # the state after token n+k
     nxt = n + k + 1
     f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, n < L, sampling)
     tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
