@@ -1,7 +1,8 @@
 """Where an eagle pass goes on photos-gpt (docs/benchmarks.md "Trained draft head"): batch 1 with CFG (2 rows), the
 zoo weights, medians of 200 calls (round-robin over the parts after 10 warm-up calls each, on a cache filled to
 position 100) of AR's decode step, the target's pass over W query tokens (with guidance / top-k of its W
-distributions), the draft head over W tokens, one draft (output head, guidance / top-k, draw) and one chain step
+distributions), the draft head over W tokens, one draft (output head, guidance / top-k, draw: the sampler's draw
+over the head's top-k, and the earlier one over the whole vocabulary beside it) and one chain step
 (a draft, then the head on it); then a
 cost model of a chain pass of width W: the target's W-token pass + the head's catch-up over W + (W - 2) chain
 steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (docs/benchmarks.md's exact rows).
@@ -29,6 +30,7 @@ from vgen.kernels.decode import ar_decode_step, compiled
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import window_target
 from vgen.models.drafter import load_drafter
+from vgen.samplers.eagle import dense, draft_dist, draw
 
 
 def interleaved_ms(parts: dict, n=200) -> dict:
@@ -72,6 +74,8 @@ def main():
         torch.set_num_threads(a.threads)
     m, d, cache, dc = setup(a.drafter)
     cache.limit(cache.bucket(m.cond_len + 100 + max(a.widths)))
+    if dc is not None:  # the head reads the filled prefix and the window's slots past it, as the eager sampler's
+        dc.limit(m.cond_len + 100 + 2 * max(a.widths))
     kw = dict(cfg_scale=3.0, cfg_interval=-1, temperature=1.0, top_k=100, top_p=1.0)
 
     def target(x, pos, widx):
@@ -86,7 +90,11 @@ def main():
     def module_head(h, x, pos):  # the head's nn.Module forward (training's path), for comparison
         return d(m, h, x, pos, dc)
 
-    def draft(g, idx, u):
+    def draft(g, idx, u):  # the sampler's draw: over the head's top-k (eagle.draft_dist / draw / dense)
+        probs, ids = draft_dist(fh.logits(m, g), idx, True, **kw)
+        return draw(probs[:, 0], ids[:, 0], u), dense(probs[:, 0], ids[:, 0], m.vocab_size)
+
+    def draft_vocab(g, idx, u):  # the draw over the whole vocabulary (window_target + sample_from_probs), before
         q = window_target(fh.logits(m, g), idx, True, **kw)[:, 0]
         return sample_from_probs(q, u), q
 
@@ -95,8 +103,8 @@ def main():
         return fh(m, g, x, pos, dc), t, q
 
     wrap = compiled if a.compile else (lambda f: f)
-    step, target_c, head_c, module_c, draft_c, chain_c = map(wrap, (ar_decode_step, target, head, module_head, draft,
-                                                                     chain_step))
+    step, target_c, head_c, module_c, draft_c, vocab_c, chain_c = map(wrap, (
+        ar_decode_step, target, head, module_head, draft, draft_vocab, chain_step))
     tok, p1, u = torch.randint(0, m.vocab_size, (1, 1)), torch.tensor([m.cond_len + 100]), torch.rand(1)
     parts = {"ar": lambda: step(m, cache, tok, p1, u, True, True, 3.0, 1.0, 100, 1.0)}
     for W in a.widths:
@@ -110,6 +118,7 @@ def main():
     g, idx = torch.randn(2, 1, m.config.dim), torch.tensor([[5]])
     x1, pp = torch.randint(0, m.vocab_size, (2, 1)), torch.tensor([[m.cond_len + 101]] * 2)
     parts["draft"] = lambda: draft_c(g, idx, u)
+    parts["draft_vocab"] = lambda: vocab_c(g, idx, u)
     parts["chain"] = lambda: chain_c(g, idx, u, x1, pp)
     costs = interleaved_ms(parts)
     mode = "compiled" if a.compile else "eager"
@@ -120,7 +129,8 @@ def main():
     print("|---|---|---|---|")
     for W in a.widths:
         print(f"| {W} | {costs[f'target{W}']:.2f} | {costs[f'head{W}']:.2f} | {costs[f'module{W}']:.2f} |")
-    print(f"one draft: {costs['draft']:.2f}; one chain step (draft + head on it): {costs['chain']:.2f}")
+    print(f"one draft: {costs['draft']:.2f} (drawn over the whole vocabulary: {costs['draft_vocab']:.2f}); "
+          f"one chain step (draft + head on it): {costs['chain']:.2f}")
     tokens = {int(w): float(t) for w, t in (p.split(":") for p in a.tokens.split(","))}
     print("\n| W | tokens / pass | model ms / pass | x AR (model) | x AR if drafting were free | "
           "tokens / pass for 1.5x |")
