@@ -213,6 +213,16 @@ def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_
         Drafter(tiny_gpt.config, "rnn")
 
 
+def codes_folder(folder, model, n_train: int, n_test: int):
+    """A folder the recipe's ``codes=`` takes (codes_train.pt / codes_test.pt) of ``model``'s own AR samples."""
+    folder.mkdir()
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1000)):
+        labels = torch.arange(n) % 4
+        toks, _ = sample(model, labels, "ar", seed=seed, cfg_scale=2.0, top_k=8)
+        torch.save({"codes": toks.to(torch.int16), "labels": labels}, folder / f"codes_{split}.pt")
+    return folder
+
+
 def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_path, tiny_pipeline, tiny_var_pipeline):
     """`vgen train recipe=drafter` on a folder of cached codes (the official-checkpoint path): the head learns (held-out
     one-step acceptance above an untrained head's), resumes, installs next to the pipeline, and the pipeline's
@@ -223,12 +233,7 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
     from vgen.train.drafter import DrafterTrainConfig, cached_features, evaluate, train_drafter
     from vgen.train.common import RunDir
     pipe = vgen.load_pipeline(str(tiny_pipeline))
-    codes = tmp_path / "codes"
-    codes.mkdir()
-    for split, n, seed in (("train", 96, 0), ("test", 16, 1000)):
-        labels = torch.arange(n) % 4
-        toks, _ = sample(pipe.model, labels, "ar", seed=seed, cfg_scale=2.0, top_k=8)
-        torch.save({"codes": toks.to(torch.int16), "labels": labels}, codes / f"codes_{split}.pt")
+    codes = codes_folder(tmp_path / "codes", pipe.model, 96, 16)
     cfg = DrafterTrainConfig(out=str(tmp_path / "run"), model=str(tiny_pipeline), codes=str(codes), n_train=96,
                              n_test=16, steps=40, batch_size=8, save_every=20, warmup=2, lr=3e-3, install=True)
     m = train_drafter(cfg)
@@ -273,12 +278,7 @@ def test_drafter_recipe_self_samples_are_the_targets_own_and_resume(tmp_path, ti
     assert torch.equal(c8.long(), ref.tokens) and torch.equal(l8, ref.labels.long()) and torch.equal(c8[:5], c5)
     assert c8.dtype == torch.int16 and not torch.equal(c8[0], c8[k])  # same class, other seed: other sequence
 
-    codes = tmp_path / "codes"
-    codes.mkdir()
-    for split, n, seed in (("train", 32, 0), ("test", 8, 1000)):
-        labels = torch.arange(n) % 4
-        toks, _ = sample(pipe.model, labels, "ar", seed=seed, cfg_scale=2.0, top_k=8)
-        torch.save({"codes": toks.to(torch.int16), "labels": labels}, codes / f"codes_{split}.pt")
+    codes = codes_folder(tmp_path / "codes", pipe.model, 32, 8)
     cfg = DrafterTrainConfig(out=str(tmp_path / "run"), model=str(tiny_pipeline), codes=str(codes), n_train=32,
                              n_test=8, steps=4, batch_size=8, save_every=2, warmup=1, self_samples=16)
     m = train_drafter(cfg)
