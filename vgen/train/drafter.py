@@ -10,10 +10,10 @@ Token sequences: the pipeline's tokenizer over the embedded photographs, or a fo
 e.g. official LlamaGen checkpoints' ImageNet codes). ``self_samples=N`` adds N sequences sampled from the target
 itself (its plain sampler, the card's sampling: the contexts the head drafts in at generation time, which the
 photographs' codes only approximate; cached as ``self_train.pt``, written chunk by chunk so a stopped run resumes),
-and holds out ``n_test`` more whose numbers are logged with a ``self_`` prefix. Held-out numbers logged at every checkpoint: the
-one-step acceptance sum_x min(p, q) under the card's guidance, top-k and temperature (what the exact rule accepts
-for a first draft), top-1 agreement, and the losses. Writes ``drafter.safetensors``; ``install=true`` also copies
-it next to the pipeline and lists it in ``pipeline.json``.
+and holds out ``n_test`` more whose numbers are logged with a ``self_`` prefix. Held-out numbers logged at every
+checkpoint: the one-step acceptance sum_x min(p, q) under the card's guidance, top-k and temperature (what the
+exact rule accepts for a first draft), top-1 agreement, and the losses. Writes ``drafter.safetensors``;
+``install=true`` also copies it next to the pipeline and lists it in ``pipeline.json``.
 """
 from __future__ import annotations
 
