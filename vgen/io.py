@@ -2,9 +2,11 @@
 half-written file under the final name."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
+import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -16,21 +18,37 @@ _UMASK = os.umask(0)  # read once at import (os.umask can only be read by settin
 os.umask(_UMASK)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp)`` on a new empty file next to ``path`` (``.<name>.<random>.tmp``, the usual permissions),
+    then move it to ``path``. The temporary file is removed on any way out, a Ctrl-C included wherever it lands:
+    its name is fixed before it is created and the same ``try`` covers creating it (``tempfile.mkstemp`` returns
+    the name only after creating the file, which left a window where an interrupt orphaned it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as f:
+        while tmp is None:
+            tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask applies
+            except FileExistsError:  # someone else's (48 random bits: practically never): another name
+                tmp = None
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # moved already when all went well
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_with(path, write)
 
 
 def cache_dir(path: str | os.PathLike | None = None) -> Path:

@@ -108,12 +108,9 @@ def write_npz(path: str | os.PathLike, arrays: dict) -> Path:
     """Write an ``.npz`` (stored, zip64) atomically, streaming: each value is an array, or a tuple
     ``(shape, dtype, iterator of row batches)`` written as it comes (a 50,000-image batch never sits in memory
     whole). A killed writer leaves no file at ``path``."""
-    import tempfile
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    from vgen.io import atomic_write_with
+
+    def write(tmp: Path) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as z:
             for key, value in arrays.items():
                 if isinstance(value, tuple):
@@ -134,9 +131,4 @@ def write_npz(path: str | os.PathLike, arrays: dict) -> Path:
                     if shape and rows != shape[0]:
                         raise VGenError(f"npz {key}: wrote {rows} rows, expected {shape[0]}")
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return atomic_write_with(path, write)
