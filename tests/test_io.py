@@ -54,6 +54,32 @@ def test_ctrl_c_anywhere_in_an_atomic_write_leaves_nothing(tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]
 
 
+def test_exclusive_atomic_write_refuses_an_existing_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """``exclusive=True`` (the folder lock's write): the file appears whole, a second write is refused with
+    FileExistsError and the first content stays; an interrupt right after the temporary file is created leaves
+    nothing either."""
+    import vgen.io as vio
+    from vgen.jobs import FolderLock
+    lock = tmp_path / "lock"
+    vio.atomic_write_with(lock, lambda t: t.write_text("first"), exclusive=True)
+    with pytest.raises(FileExistsError):
+        vio.atomic_write_with(lock, lambda t: t.write_text("second"), exclusive=True)
+    assert lock.read_text() == "first" and sorted(p.name for p in tmp_path.iterdir()) == ["lock"]
+    real_open = os.open
+
+    def open_then_interrupt(*a, **k):
+        real_open(*a, **k)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(vio.os, "open", open_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        FolderLock(tmp_path / "job").__enter__()
+    monkeypatch.setattr(vio.os, "open", real_open)
+    assert list((tmp_path / "job").iterdir()) == []
+    with FolderLock(tmp_path / "job") as held:
+        assert held.owner and [p.name for p in (tmp_path / "job").iterdir()] == [FolderLock.NAME]
+    assert list((tmp_path / "job").iterdir()) == []
+
+
 def test_make_grid_layout():
     imgs = torch.zeros(5, 3, 4, 4, dtype=torch.uint8)
     g = make_grid(imgs, nrow=3, pad=1)

@@ -18,11 +18,13 @@ _UMASK = os.umask(0)  # read once at import (os.umask can only be read by settin
 os.umask(_UMASK)
 
 
-def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None], exclusive: bool = False) -> Path:
     """Run ``write(tmp)`` on a new empty file next to ``path`` (``.<name>.<random>.tmp``, the usual permissions),
-    then move it to ``path``. The temporary file is removed on any way out, a Ctrl-C included wherever it lands:
-    its name is fixed before it is created and the same ``try`` covers creating it (``tempfile.mkstemp`` returns
-    the name only after creating the file, which left a window where an interrupt orphaned it)."""
+    then move it to ``path`` (``exclusive``: hard-link it there instead, raising FileExistsError if ``path``
+    exists: a lock file appears with its content or not at all). The temporary file is removed on any way out, a
+    Ctrl-C included wherever it lands: its name is fixed before it is created and the same ``try`` covers creating
+    it (``tempfile.mkstemp`` returns the name only after creating the file, which left a window where an interrupt
+    orphaned it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = None
@@ -34,11 +36,14 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None]) ->
             except FileExistsError:  # someone else's (48 random bits: practically never): another name
                 tmp = None
         write(tmp)
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
     finally:
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)  # moved already when all went well
+                os.unlink(tmp)  # moved already when all went well (or linked: then this removes the spare name)
     return path
 
 

@@ -194,22 +194,15 @@ class FolderLock:
             return True
 
     def __enter__(self):
-        import os
-        import tempfile
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from vgen.io import atomic_write_with
         me = {"host": self.host, "pid": self.pid, "job": self.job, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         for _ in range(3):
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".vgen.lock.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(me, f)
-                os.link(tmp, self.path)  # atomic: fails if the lock exists
+            try:  # atomic: fails if the lock exists; no temporary file is left whatever happens
+                atomic_write_with(self.path, lambda tmp: tmp.write_text(json.dumps(me)), exclusive=True)
                 self.owner = True
                 return self
             except FileExistsError:
                 pass
-            finally:
-                os.unlink(tmp)
             info = self._read()
             if info is None:
                 continue  # released meanwhile: try again
@@ -246,7 +239,7 @@ def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[
         raise VGenError(f"{out} already holds numbered samples from an unknown run: choose a new outdir")
     atomic_write_json(key_file, run_key)
     for tmp in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
-        if not tmp.name.startswith(".vgen.lock."):  # another job's lock being written (it will be refused)
+        if not tmp.name.startswith(f".{FolderLock.NAME}."):  # another job's lock being written (to be refused)
             tmp.unlink(missing_ok=True)  # left by a killed writer of this folder (the lock says no one else writes)
     return [i for i in range(n) if not (out / f"{i:06d}{ext}").exists()]
 
