@@ -14,10 +14,6 @@ import torch
 from vgen.errors import VGenError
 
 
-_UMASK = os.umask(0)  # read once at import (os.umask can only be read by setting it)
-os.umask(_UMASK)
-
-
 def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], None], exclusive: bool = False) -> Path:
     """Run ``write(tmp)`` on a new empty file next to ``path`` (``.<name>.<random>.tmp``, the usual permissions),
     then move it to ``path`` (``exclusive``: hard-link it there instead, raising FileExistsError if ``path``

@@ -10,19 +10,25 @@ import torch
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
+def guided_logits(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float,
+                  cfg_interval: int) -> torch.Tensor:
+    """Logits (rows, W, V), rows = [cond; uncond] under CFG, -> (B, W, V) after guidance; ``token_index`` (B, W) is
+    the image-token index each position predicts (guidance applies to token t when cfg_interval < 0 or
+    t <= cfg_interval + 1)."""
+    if not cfg:
+        return logits
+    guided = guide(logits, cfg_scale)
+    if cfg_interval >= 0:
+        cond = logits[: logits.shape[0] // 2]
+        guided = torch.where((token_index <= cfg_interval + 1)[..., None], guided, cond)
+    return guided
+
+
 def window_target(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
                   temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """The target distribution at every window position, exactly as the AR sampler builds it.
-
-    logits (rows, W, V) with rows = [cond; uncond] under CFG; ``token_index`` (B, W) is the image-token index
-    each position predicts (guidance applies to token t when cfg_interval < 0 or t <= cfg_interval + 1)."""
-    if cfg:
-        guided = guide(logits, cfg_scale)
-        if cfg_interval >= 0:
-            cond = logits[: logits.shape[0] // 2]
-            guided = torch.where((token_index <= cfg_interval + 1)[..., None], guided, cond)
-        logits = guided
-    return filter_probs(logits, temperature, top_k, top_p)
+    """The target distribution at every window position, exactly as the AR sampler builds it: guidance
+    (:func:`guided_logits`), then temperature, top-k and top-p."""
+    return filter_probs(guided_logits(logits, token_index, cfg, cfg_scale, cfg_interval), temperature, top_k, top_p)
 
 
 def leading_accepts(u: torch.Tensor, accept_prob: torch.Tensor) -> torch.Tensor:

@@ -32,9 +32,9 @@ import torch
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.neighbours import latent_neighbours
-from vgen.kernels.sampling import guide, sample_from_probs
+from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
-from vgen.kernels.verify import gather_rows, window_target
+from vgen.kernels.verify import gather_rows, guided_logits, window_target
 from vgen.models.drafter import Drafter, InferenceHead
 from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.gsd import gsd_rule
@@ -89,11 +89,7 @@ def draft_dist(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_s
     from this distribution and verified against it (:func:`dense`), so the exact rule stays exact."""
     if top_k <= 0 or top_k >= logits.shape[-1] or top_p < 1.0:
         return window_target(logits, token_index, cfg, cfg_scale, cfg_interval, temperature, top_k, top_p), None
-    if cfg:
-        guided = guide(logits, cfg_scale)
-        if cfg_interval >= 0:
-            guided = torch.where((token_index <= cfg_interval + 1)[..., None], guided, logits[: logits.shape[0] // 2])
-        logits = guided
+    logits = guided_logits(logits, token_index, cfg, cfg_scale, cfg_interval)
     if temperature != 1.0:  # x / 1.0 is x: the division is skipped, not changed
         logits = logits / max(temperature, 1e-5)
     vals, ids = logits.topk(top_k, dim=-1)
