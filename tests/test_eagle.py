@@ -181,6 +181,36 @@ def test_inference_head_is_the_heads_function(tiny_gpt, arch):
         assert not torch.allclose(a, d(m, feats, x, pos, c1), atol=1e-4)  # the mask changed what was read
 
 
+@pytest.mark.parametrize("arch", ["block", "mlp"])
+def test_rollout_depth_k_is_the_heads_kth_chained_call(tiny_gpt, arch):
+    """The training rollout (EAGLE-3's training-time test) at depth k, slot j, equals what the sampler computes:
+    the head caught up on target states through slot j-k+1 (one call with its cache), then k-1 chained calls each
+    fed the previous output; depth 1 is forward; depth 2 differs from depth 1 (the feed is the head's own)."""
+    m = tiny_gpt
+    d = make_drafter(m, seed=5, arch=arch)
+    torch.manual_seed(1)
+    B, S, K = 2, min(9, m.seq_len), 3
+    feats, x = torch.randn(B, S, m.config.dim), torch.randint(0, m.vocab_size, (B, S))
+    pos = m.cond_len + torch.arange(S)
+    with torch.no_grad():
+        outs = d.rollout(m, feats, x, pos, K)
+        assert len(outs) == K and all(o.shape == feats.shape for o in outs)
+        torch.testing.assert_close(outs[0], d(m, feats, x, pos))
+        for k in range(2, K + 1):
+            for j in range(k - 1, S):
+                t = j - k + 1
+                c = d.new_cache(m, B)
+                g = d(m, feats[:, :t + 1], x[:, :t + 1], pos[:t + 1], c)[:, -1:]
+                for s in range(t + 1, j + 1):
+                    g = d(m, g, x[:, s:s + 1], pos[s:s + 1], c)
+                torch.testing.assert_close(outs[k - 1][:, j], g[:, 0], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(outs[1][:, 1:], outs[0][:, 1:], atol=1e-3)
+    if arch == "block":  # the head's cache never reads the condition's slots, which nobody writes (training does not)
+        c = d.new_cache(m, 1)
+        mask = c.causal_mask(pos)[0, 0]  # (S, slots)
+        assert not mask[:, :m.cond_len].any() and mask[:, m.cond_len:m.cond_len + S].equal(torch.ones(S, S).tril().bool())
+
+
 def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):
     """arch=mlp: no KV cache, a state that depends only on its own slot's (feature, token) pair (so drafting a
     chain or a tree cannot read a stale slot), a file that loads back as mlp; files without the arch field load
@@ -290,6 +320,46 @@ def test_drafter_recipe_self_samples_are_the_targets_own_and_resume(tmp_path, ti
     with pytest.raises(VGenError, match="self_samples must be >= 0"):
         train_drafter(DrafterTrainConfig(out=str(out), model=str(tiny_pipeline), codes=str(codes), self_samples=-1))
     assert not out.exists()
+
+
+def test_drafter_recipe_trains_chained_depths_from_an_init(tmp_path, tiny_pipeline):
+    """``depths=3`` (EAGLE-3's training-time test) fine-tuning a depth-1 head (``init=``) logs the acceptance of the
+    chained depths and raises depth 2's and 3's above what the same steps of teacher forcing alone reach from the
+    same head; the run starts from the init's weights; bad depths and a head of another arch are refused."""
+    import json
+
+    import vgen
+    from vgen.train.common import RunDir
+    from vgen.train.drafter import DrafterTrainConfig, cached_features, evaluate, train_drafter
+    pipe = vgen.load_pipeline(str(tiny_pipeline))
+    codes = codes_folder(tmp_path / "codes", pipe.model, 96, 16)
+    base = dict(model=str(tiny_pipeline), codes=str(codes), n_train=96, n_test=16, batch_size=8, warmup=2, lr=3e-3)
+    train_drafter(DrafterTrainConfig(out=str(tmp_path / "d1"), steps=30, save_every=30, **base))
+    init = str(tmp_path / "d1" / "drafter.safetensors")
+    runs = {}
+    for depths in (1, 3):
+        out = tmp_path / f"ft{depths}"
+        runs[depths] = train_drafter(DrafterTrainConfig(out=str(out), steps=40, save_every=40, init=init,
+                                                        depths=depths, **base))
+    start = train_drafter(DrafterTrainConfig(out=str(tmp_path / "zero"), steps=0, save_every=1, init=init,
+                                             depths=3, **base))
+    log = json.loads((tmp_path / "d1" / "log.jsonl").read_text().splitlines()[-1])
+    assert abs(start["test_acceptance"] - log["test_acceptance"]) < 1e-6  # step 0 is the init's head
+    assert {"test_acceptance_d2", "test_acceptance_d3"} <= set(runs[3]) and "test_acceptance_d2" not in runs[1]
+    assert start["test_acceptance_d2"] < start["test_acceptance"]  # chained drafts are worse, before training them
+    te = torch.load(codes / "codes_test.pt", weights_only=True)
+    feats = cached_features(RunDir(tmp_path / "ft1"), pipe.model, te["codes"], te["labels"], "test")
+    tf = evaluate(load_drafter(tmp_path / "ft1" / "drafter.safetensors"), pipe.model, feats, te["codes"].long(),
+                  pipe.card["sampling"], depths=3)  # the teacher-forced run's head, scored at depths 2, 3
+    assert abs(tf["test_acceptance"] - runs[1]["test_acceptance"]) < 1e-6
+    for k in ("test_acceptance_d2", "test_acceptance_d3"):
+        assert runs[3][k] > max(start[k], tf[k]) + 0.01, (k, runs[3], tf, start)
+    for bad, msg in ((dict(depths=0), "depths must be >= 1"), (dict(depth_decay=0.0), "depth_decay in"),
+                     (dict(init=init, arch="mlp"), "holds a 'block' head but arch=mlp")):
+        out = tmp_path / "refused"
+        with pytest.raises(VGenError, match=msg):
+            train_drafter(DrafterTrainConfig(out=str(out), **{**base, **bad}))
+        assert not out.exists()
 
 
 def test_train_cli_takes_the_target_as_model_and_refuses_bad_targets(tmp_path, tiny_var_pipeline, capsys,

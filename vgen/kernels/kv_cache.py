@@ -30,6 +30,12 @@ class KVCache:
         self.length = max_len  # slots attention reads (limit)
         self.write_slots = None  # write_at: where updates write instead of their positions
 
+    def hide(self, n: int) -> None:
+        """Never let attention read slots [0, n): for a cache whose first n positions nobody writes (a draft
+        head's: the condition's positions), which would otherwise be read as zero keys. Position-based masks
+        (``causal_mask``, tree masks) compare ``slots`` with positions; these slots compare as past every one."""
+        self.slots[:n] = torch.iinfo(self.slots.dtype).max
+
     def limit(self, n: int | None) -> None:
         """Let attention read slots [0, n) only (None: all). Every query position must be < n."""
         self.length = self.max_len if n is None else max(1, min(int(n), self.max_len))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from vgen.errors import VGenError
 from vgen.kernels.kv_cache import KVCache
-from vgen.models.gpt import GPT, FeedForward, GPTConfig, RMSNorm, TransformerBlock
+from vgen.models.gpt import GPT, FeedForward, GPTConfig, RMSNorm, TransformerBlock, apply_rope
 
 ARCHS = ("block", "mlp")
 
@@ -83,6 +83,55 @@ class Drafter(nn.Module):
             attn_mask = cache.causal_mask(input_pos)
         return self.block(x, rope, attn_mask, cache, 0, input_pos)
 
+    def rollout(self, target, feats: torch.Tensor, tokens: torch.Tensor, input_pos: torch.Tensor,
+                depths: int) -> list[torch.Tensor]:
+        """Teacher-forced outputs at drafting depths 1..``depths`` (EAGLE-3's training-time test), each (B, S, d).
+
+        Depth 1 is ``forward`` on the target's states (slot j fed (f[j-1], x[j])); depth k feeds slot j the head's
+        own depth-(k-1) output at slot j-1 instead of the target's state, as a chain does at generation time. Its
+        attention reads what the head's cache holds then: depth-1 keys up to slot j-k+1 (the target-fed catch-up),
+        then one key of each depth 2..k on the diagonal (the chain's earlier drafts), so depth k at slot j equals
+        the head's k-th chained call after catching up to slot j-k+1 (``tests/test_eagle.py``). Depth k is
+        meaningful at slots j >= k-1 only; earlier ones hold finite filler."""
+        if not self.attends:  # no attention: each depth is the head on the shifted previous one
+            outs = [self(target, feats, tokens, input_pos)]
+            for _ in range(depths - 1):
+                outs.append(self(target, F.pad(outs[-1][:, :-1], (0, 0, 1, 0)), tokens, input_pos))
+            return outs
+        at = self.block.attention
+        B, S, d = feats.shape
+        H, Hk, hd = at.n_head, at.n_kv_head, at.head_dim
+
+        def shifted(t, by):  # t (..., S, e) -> row j holds t[j - by] (zeros before)
+            return F.pad(t[..., :S - by, :], (0, 0, by, 0)) if by else t
+
+        outs, keys, values = [], [], []
+        idx = torch.arange(S, device=feats.device)
+        for k in range(1, depths + 1):
+            inp = feats if k == 1 else shifted(outs[-1], 1)
+            x = self.fc(torch.cat([inp.to(self.fc.weight.dtype), target.tok_embeddings(tokens)], dim=-1))
+            x, rope = target.positions(x, input_pos)
+            q, kk, v = at.wqkv(self.block.attention_norm(x)).split([H * hd, Hk * hd, Hk * hd], dim=-1)
+            q = apply_rope(q.view(B, S, H, hd), rope).transpose(1, 2)
+            kk = apply_rope(kk.view(B, S, Hk, hd), rope).transpose(1, 2).repeat_interleave(H // Hk, 1)
+            v = v.view(B, S, Hk, hd).transpose(1, 2).repeat_interleave(H // Hk, 1)
+            keys.append(kk)
+            values.append(v)
+            if k == 1:
+                y = F.scaled_dot_product_attention(q, kk, v, is_causal=True)
+            else:  # scores on the catch-up prefix (keys <= j-k+1), then the diagonal of each later depth
+                scale = hd ** -0.5
+                s1 = (q @ keys[0].transpose(-1, -2)) * scale
+                s1 = s1.masked_fill(idx[None, :] > idx[:, None] - (k - 1), float("-inf"))
+                diag = [(q * shifted(keys[m - 1], k - m)).sum(-1, keepdim=True) * scale for m in range(2, k + 1)]
+                w = torch.cat([s1] + diag, -1).softmax(-1)
+                y = w[..., :S] @ values[0]
+                for i, m in enumerate(range(2, k + 1)):
+                    y = y + w[..., S + i:S + i + 1] * shifted(values[m - 1], k - m)
+            h = x + at.wo(y.transpose(1, 2).reshape(B, S, d))
+            outs.append(h + self.block.feed_forward(self.block.ffn_norm(h)))
+        return outs
+
     @torch.no_grad()
     def inference(self, target) -> InferenceHead:
         """This head's few-op inference path for ``target`` (what the eagle sampler calls per pass)."""
@@ -99,8 +148,10 @@ class Drafter(nn.Module):
             return None
         c = self.config
         w = self.fc.weight
-        return KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len + extra, c.head_dim,
-                       w.dtype, w.device)
+        cache = KVCache(1, rows, c.n_kv_head or c.n_head, target.cond_len + target.seq_len + extra, c.head_dim,
+                        w.dtype, w.device)
+        cache.hide(target.cond_len)  # slot s = position s; the condition's slots hold nothing (as in training)
+        return cache
 
     def digest(self, n: int = 16) -> str:
         """A digest of the head's tensors (cache keys)."""

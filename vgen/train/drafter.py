@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes
 from vgen.kernels.verify import window_target
-from vgen.models.drafter import ARCHS, Drafter, save_drafter, target_features
+from vgen.models.drafter import ARCHS, Drafter, load_drafter, save_drafter, target_features
 from vgen.train.common import RecipeConfig, adamw, cached_codes, recipe, start_run, train_loop
 
 
@@ -49,6 +49,9 @@ class DrafterTrainConfig(RecipeConfig):
     install: bool = False          # copy drafter.safetensors next to the pipeline and list it in pipeline.json
     arch: str = "block"            # block (EAGLE's one transformer block) or mlp (attention-free, no KV cache)
     self_samples: int = 0          # + this many sequences sampled from the target (card sampling); n_test more held out
+    depths: int = 1                # train the head's chained depths 1..depths (EAGLE-3's training-time test)
+    depth_decay: float = 0.8       # depth k's loss weight: depth_decay ** (k - 1), normalised
+    init: str = ""                 # start from this drafter.safetensors (fine-tuning) instead of a random head
 
 
 def load_target(name: str, device):
@@ -123,10 +126,13 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
 
 
 def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.Tensor, noise: float = 0.0,
-                   generator: torch.Generator | None = None) -> dict:
+                   generator: torch.Generator | None = None, depths: int = 1, decay: float = 0.8) -> dict:
     """Teacher-forced losses on (B, 2, L, d) target features and their (B, L) codes: slot s is fed (f[s-1], x[s])
-    and predicts f[s]; both conditions' rows at once. Returns the feature loss, the distribution loss and the
-    drafter's and the target's logits ((2B, L-1, V), rows [class; null])."""
+    and predicts f[s]; both conditions' rows at once. ``depths`` > 1 adds the head's chained depths 2.. (its own
+    output fed back, :meth:`Drafter.rollout`), each scored on the slots it drafts for and weighted ``decay`` ** (k-1)
+    (weights normalised to sum 1). Returns the weighted feature and distribution losses (``reg``, ``cls``), and per
+    depth those losses (``regs``, ``clss``) and the drafter's and the target's logits (lists of (2B, L-k, V), rows [class; null]; depth k's row s predicts the
+    token after slot s + k - 1)."""
     B, _, L, d = feats.shape
     f = feats.float().transpose(0, 1).reshape(2 * B, L, d)  # rows [class; null]
     x = torch.cat([codes, codes]).long()
@@ -136,39 +142,54 @@ def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.T
         u = torch.rand(inp.shape, generator=generator, device=inp.device) * 2 - 1
         inp = inp + noise * rms * u
     pos = target.cond_len + torch.arange(L - 1, device=f.device)
-    g = drafter(target, inp, x[:, :-1], pos)
-    logits_q, logits_p = target.head(g), target.head(want)
-    reg = F.smooth_l1_loss(g, want)
-    cls = -(logits_p.softmax(-1) * logits_q.log_softmax(-1)).sum(-1).mean()
-    return {"reg": reg, "cls": cls, "logits_q": logits_q, "logits_p": logits_p}
+    outs = drafter.rollout(target, inp, x[:, :-1], pos, depths)
+    logits_p = target.head(want)
+    wsum = sum(decay ** k for k in range(depths))
+    regs, clss, lq, lp = [], [], [], []
+    for k, g in enumerate(outs):  # depth k + 1: slots k.. are meaningful
+        q, p = target.head(g[:, k:]), logits_p[:, k:]
+        regs.append(F.smooth_l1_loss(g[:, k:], want[:, k:]))
+        clss.append(-(p.softmax(-1) * q.log_softmax(-1)).sum(-1).mean())
+        lq.append(q)
+        lp.append(p)
+    w = [decay ** k / wsum for k in range(depths)]
+    return {"reg": sum(a * b for a, b in zip(w, regs)), "cls": sum(a * b for a, b in zip(w, clss)),
+            "regs": regs, "clss": clss, "logits_q": lq, "logits_p": lp}
 
 
 @torch.no_grad()
-def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int = 32) -> dict:
+def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int = 32, depths: int = 1) -> dict:
     """Held-out: one-step acceptance sum_x min(p, q) under the card's sampling (CFG, top-k, temperature), top-1
-    agreement of the guided distributions, and the two losses."""
+    agreement of the guided distributions, and depth 1's two losses; with ``depths`` > 1 also the acceptance of the
+    head's chained depths 2.. (``test_acceptance_d2``, ...: what the exact rule accepts for draft k given the
+    earlier ones accepted, on teacher-forced contexts)."""
     was = drafter.training
     drafter.eval()
-    acc, top1, reg, cls, n = 0.0, 0.0, 0.0, 0.0, 0
+    acc, top1, reg, cls, n = [0.0] * depths, 0.0, 0.0, 0.0, [0] * depths
     cfg_scale = float(sampling.get("cfg_scale", 1.0))
     guided = cfg_scale != 1.0
     kw = dict(cfg=guided, cfg_scale=cfg_scale, cfg_interval=int(sampling.get("cfg_interval", -1)),
               temperature=float(sampling.get("temperature", 1.0)), top_k=int(sampling.get("top_k", 0)),
               top_p=float(sampling.get("top_p", 1.0)))
     for i in range(0, feats.shape[0], batch):
-        r = drafter_losses(drafter, target, feats[i:i + batch], codes[i:i + batch])
+        r = drafter_losses(drafter, target, feats[i:i + batch], codes[i:i + batch], depths=depths)
         B, S = codes[i:i + batch].shape[0], codes.shape[1] - 1
-        idx = torch.arange(1, S + 1, device=codes.device).expand(B, S)  # the token each row predicts
-        lq, lp = (r["logits_q"], r["logits_p"]) if guided else (r["logits_q"][:B], r["logits_p"][:B])
-        p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
-        acc += float(torch.minimum(p, q).sum(-1).sum())
-        top1 += float((p.argmax(-1) == q.argmax(-1)).float().sum())
-        reg += float(r["reg"]) * B
-        cls += float(r["cls"]) * B
-        n += B * S
+        for k in range(depths):
+            idx = torch.arange(k + 1, S + 1, device=codes.device).expand(B, S - k)  # the token each row predicts
+            lq, lp = r["logits_q"][k], r["logits_p"][k]
+            lq, lp = (lq, lp) if guided else (lq[:B], lp[:B])
+            p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
+            acc[k] += float(torch.minimum(p, q).sum(-1).sum())
+            n[k] += B * (S - k)
+            if k == 0:
+                top1 += float((p.argmax(-1) == q.argmax(-1)).float().sum())
+        reg += float(r["regs"][0]) * B
+        cls += float(r["clss"][0]) * B
     drafter.train(was)
     m = feats.shape[0]
-    return {"test_acceptance": acc / n, "test_top1": top1 / n, "test_reg": reg / m, "test_cls": cls / m}
+    out = {"test_acceptance": acc[0] / n[0], "test_top1": top1 / n[0], "test_reg": reg / m, "test_cls": cls / m}
+    out.update({f"test_acceptance_d{k + 1}": acc[k] / n[k] for k in range(1, depths)})
+    return out
 
 
 @recipe(DrafterTrainConfig)
@@ -177,10 +198,19 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         raise VGenError(f"codes={cfg.codes} is not a folder: give one holding codes_train.pt and codes_test.pt")
     if cfg.noise < 0 or cfg.cls_weight < 0 or cfg.self_samples < 0:
         raise VGenError("noise, cls_weight and self_samples must be >= 0")
+    if cfg.depths < 1 or not 0 < cfg.depth_decay <= 1:
+        raise VGenError(f"depths={cfg.depths}, depth_decay={cfg.depth_decay}: depths must be >= 1 (1 = teacher "
+                        "forcing only) and depth_decay in (0, 1]")
     if cfg.arch not in ARCHS:
         raise VGenError(f"arch={cfg.arch} is not a drafter architecture: use one of {', '.join(ARCHS)}")
     from vgen.train.common import train_device
     pipe, target = load_target(cfg.model, train_device(cfg.device))  # refused before any run folder exists
+    start = None
+    if cfg.init:
+        start = load_drafter(cfg.init)
+        start.check_target(target, f"init={cfg.init}")
+        if start.arch != cfg.arch:
+            raise VGenError(f"init={cfg.init} holds a {start.arch!r} head but arch={cfg.arch}: set arch={start.arch}")
     if cfg.codes:
         tr = codes_from_folder(Path(cfg.codes), "train")
         te = codes_from_folder(Path(cfg.codes), "test")
@@ -211,21 +241,24 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
     held_out = [(pre, f.to(device), c.long().to(device)) for pre, f, c in held_out]
 
     drafter = Drafter(target.config, cfg.arch).to(device)
+    if start is not None:  # a resumed run's checkpoint replaces these in train_loop
+        drafter.load_state_dict(start.state_dict())
     opt = adamw(drafter, cfg.lr, cfg.weight_decay)
     g = torch.Generator()
 
     def step_fn(step):
         g.manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g)
-        r = drafter_losses(drafter, target, tr_feats[idx].to(device), tr_codes[idx], cfg.noise, g)
+        r = drafter_losses(drafter, target, tr_feats[idx].to(device), tr_codes[idx], cfg.noise, g, cfg.depths,
+                           cfg.depth_decay)
         with torch.no_grad():
-            top1 = (r["logits_q"].argmax(-1) == r["logits_p"].argmax(-1)).float().mean()
+            top1 = (r["logits_q"][0].argmax(-1) == r["logits_p"][0].argmax(-1)).float().mean()
         return r["reg"] + cfg.cls_weight * r["cls"], {"reg": r["reg"].detach(), "cls": r["cls"].detach(),
                                                        "top1": top1}
 
     def held_out_metrics() -> dict:
         return {pre + k: v for pre, f, c in held_out
-                for k, v in evaluate(drafter, target, f, c, pipe.card.get("sampling", {})).items()}
+                for k, v in evaluate(drafter, target, f, c, pipe.card.get("sampling", {}), depths=cfg.depths).items()}
 
     def on_save(step):
         run.log({"step": step, **held_out_metrics()})
