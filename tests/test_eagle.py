@@ -208,7 +208,8 @@ def test_rollout_depth_k_is_the_heads_kth_chained_call(tiny_gpt, arch):
     if arch == "block":  # the head's cache never reads the condition's slots, which nobody writes (training does not)
         c = d.new_cache(m, 1)
         mask = c.causal_mask(pos)[0, 0]  # (S, slots)
-        assert not mask[:, :m.cond_len].any() and mask[:, m.cond_len:m.cond_len + S].equal(torch.ones(S, S).tril().bool())
+        assert not mask[:, :m.cond_len].any()
+        assert mask[:, m.cond_len:m.cond_len + S].equal(torch.ones(S, S).tril().bool())
 
 
 def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from vgen.errors import VGenError
 from vgen.kernels.kv_cache import KVCache
-from vgen.models.gpt import GPT, FeedForward, GPTConfig, RMSNorm, TransformerBlock, apply_rope
+from vgen.models.gpt import GPT, FeedForward, GPTConfig, RMSNorm, TransformerBlock
 
 ARCHS = ("block", "mlp")
 
@@ -111,10 +111,8 @@ class Drafter(nn.Module):
             inp = feats if k == 1 else shifted(outs[-1], 1)
             x = self.fc(torch.cat([inp.to(self.fc.weight.dtype), target.tok_embeddings(tokens)], dim=-1))
             x, rope = target.positions(x, input_pos)
-            q, kk, v = at.wqkv(self.block.attention_norm(x)).split([H * hd, Hk * hd, Hk * hd], dim=-1)
-            q = apply_rope(q.view(B, S, H, hd), rope).transpose(1, 2)
-            kk = apply_rope(kk.view(B, S, Hk, hd), rope).transpose(1, 2).repeat_interleave(H // Hk, 1)
-            v = v.view(B, S, Hk, hd).transpose(1, 2).repeat_interleave(H // Hk, 1)
+            q, kk, v = at.project(self.block.attention_norm(x), rope)
+            kk, v = kk.repeat_interleave(H // Hk, 1), v.repeat_interleave(H // Hk, 1)
             keys.append(kk)
             values.append(v)
             if k == 1:

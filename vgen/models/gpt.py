@@ -118,13 +118,18 @@ class Attention(nn.Module):
         self.attn_dropout_p = cfg.attn_dropout_p
         self.resid_dropout = nn.Dropout(cfg.resid_dropout_p)
 
-    def forward(self, x, rope, mask=None, cache: KVCache | None = None, layer: int = 0, input_pos=None):
+    def project(self, x, rope):
+        """Queries (B, H, S, D), keys and values (B, Hkv, S, D) of x (B, S, dim), q and k rotated."""
         b, s, _ = x.shape
         kv = self.n_kv_head * self.head_dim
         q, k, v = self.wqkv(x).split([self.dim, kv, kv], dim=-1)
         q = apply_rope(q.view(b, s, self.n_head, self.head_dim), rope).transpose(1, 2)
         k = apply_rope(k.view(b, s, self.n_kv_head, self.head_dim), rope).transpose(1, 2)
-        v = v.view(b, s, self.n_kv_head, self.head_dim).transpose(1, 2)
+        return q, k, v.view(b, s, self.n_kv_head, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, rope, mask=None, cache: KVCache | None = None, layer: int = 0, input_pos=None):
+        b, s, _ = x.shape
+        q, k, v = self.project(x, rope)
         if cache is not None:
             k, v = cache.update(layer, input_pos, k, v)
         y = F.scaled_dot_product_attention(

@@ -131,8 +131,8 @@ def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.T
     and predicts f[s]; both conditions' rows at once. ``depths`` > 1 adds the head's chained depths 2.. (its own
     output fed back, :meth:`Drafter.rollout`), each scored on the slots it drafts for and weighted ``decay`` ** (k-1)
     (weights normalised to sum 1). Returns the weighted feature and distribution losses (``reg``, ``cls``), and per
-    depth those losses (``regs``, ``clss``) and the drafter's and the target's logits (lists of (2B, L-k, V), rows [class; null]; depth k's row s predicts the
-    token after slot s + k - 1)."""
+    depth those losses (``regs``, ``clss``) and the drafter's and the target's logits (lists of (2B, L-k, V), rows
+    [class; null]; depth k's row s predicts the token after slot s + k - 1)."""
     B, _, L, d = feats.shape
     f = feats.float().transpose(0, 1).reshape(2 * B, L, d)  # rows [class; null]
     x = torch.cat([codes, codes]).long()
@@ -144,7 +144,6 @@ def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.T
     pos = target.cond_len + torch.arange(L - 1, device=f.device)
     outs = drafter.rollout(target, inp, x[:, :-1], pos, depths)
     logits_p = target.head(want)
-    wsum = sum(decay ** k for k in range(depths))
     regs, clss, lq, lp = [], [], [], []
     for k, g in enumerate(outs):  # depth k + 1: slots k.. are meaningful
         q, p = target.head(g[:, k:]), logits_p[:, k:]
@@ -152,8 +151,8 @@ def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.T
         clss.append(-(p.softmax(-1) * q.log_softmax(-1)).sum(-1).mean())
         lq.append(q)
         lp.append(p)
-    w = [decay ** k / wsum for k in range(depths)]
-    return {"reg": sum(a * b for a, b in zip(w, regs)), "cls": sum(a * b for a, b in zip(w, clss)),
+    w = [decay ** k for k in range(depths)]
+    return {"reg": sum(a * b for a, b in zip(w, regs)) / sum(w), "cls": sum(a * b for a, b in zip(w, clss)) / sum(w),
             "regs": regs, "clss": clss, "logits_q": lq, "logits_p": lp}
 
 
