@@ -122,6 +122,11 @@ def test_draft_distribution_is_the_targets_filter_over_its_top_k():
     keep = q > 0
     assert chi2_p(counts[keep].numpy(), q[keep].numpy()) > 1e-3
     assert chi2_p(counts[keep].numpy(), q[keep].flip(0).numpy()) < 1e-6
+    # the tail: entries with no mass (underflow) are never drawn, at either end of the uniforms' range
+    tail = torch.tensor([[0.7, 0.3, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    edge = torch.tensor([0.0, 0.3, 0.75, 1.0 - 2.0 ** -24])
+    got = draw(tail[:, None].expand(-1, 4, -1), torch.arange(4).expand(2, 4, 4) + 10, edge.expand(2, 4))
+    assert got.tolist() == [[10, 10, 11, 11], [10, 10, 10, 10]]
     tie = torch.zeros(1, 1, V)
     tie[..., :3] = 1.0  # three tokens tied at the top: top-2 keeps two of them
     probs, ids = draft_dist(tie, idx[:1, :1], False, 1.0, -1, 1.0, 2, 1.0)

@@ -169,9 +169,9 @@ class InferenceHead:
     """The head's inference path for one target: ``Drafter.forward``'s function with its weights pre-arranged for
     few ops per call (on a CPU a small head's call is per-op dispatch and streaming its weights: docs/benchmarks.md
     "A few-op head"). The projection's token half is folded with the target's embedding into one (V, d) table, the
-    norms' gains into the products after them, the FFN's two input products into one; weights are stored (in, out)
-    (the fastest orientation for a few rows); positions are table lookups (RoPE as two multiplies on q and k at
-    once). Same call as the drafter (``head(target, feats, tokens, input_pos, cache=None, attn_mask=None)``),
+    block's norms' gains into the products after them, the FFN's two input products into one; weights are stored
+    (in, out) (the fastest orientation for a few rows); positions are table lookups (RoPE as two multiplies on q and
+    k at once); the output head reads the target's own weight (no copy). Same call as the drafter (``head(target, feats, tokens, input_pos, cache=None, attn_mask=None)``),
     ``attends``, ``new_cache`` and ``logits``; no gradients. Made by :meth:`Drafter.inference`; equal to ``forward``
     and the target's head up to float rounding (``tests/test_eagle.py``)."""
 
@@ -207,9 +207,10 @@ class InferenceHead:
                 self.cos = c.repeat_interleave(2, -1)
                 self.sin = torch.stack([-s, s], -1).flatten(-2)
         self.w2 = ff.w2.weight.detach().t().contiguous()
-        # the target's output head (final norm, then the product), folded alike where it is GPT's own
+        # the target's output head (final norm, then the product) where it is GPT's own: its very weights (a copy
+        # would be one more megabyte streamed per pass beside the target's), its norm's gain applied by the norm
         plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None
-        self.head = gained(target.norm, target.output) if plain else None
+        self.head = (target.norm.eps, target.norm.weight.detach(), target.output.weight.detach()) if plain else None
 
     @property
     def attends(self) -> bool:
@@ -222,9 +223,10 @@ class InferenceHead:
         """The target's head on the head's states (rows, S, d) -> float logits (rows, S, V)."""
         if self.head is None:
             return target.head(hidden)
-        eps, w = self.head
-        return torch.mm(F.rms_norm(hidden.reshape(-1, hidden.shape[-1]), (hidden.shape[-1],), None, eps),
-                        w).float().view(*hidden.shape[:-1], -1)
+        eps, gain, w = self.head
+        d = hidden.shape[-1]
+        x = F.rms_norm(hidden.reshape(-1, d), (d,), gain, eps)
+        return torch.mm(w, x.t()).t().float().view(*hidden.shape[:-1], -1)  # W x^T: vgen.kernels.linear's order
 
     def _ffn(self, x):
         a, b = torch.mm(F.rms_norm(x, (x.shape[-1],), None, self.ffn_eps), self.w13).chunk(2, -1)

@@ -98,13 +98,13 @@ def draft_dist(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_s
 
 def draw(probs: torch.Tensor, ids: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draws from :func:`draft_dist`'s (probabilities (..., K), ids) with uniforms ``u`` (...) -> token
-    ids (...); never a zero-probability token (rounding at the tail falls back to the last token with mass)."""
+    ids (...): the first entry whose cumulative mass reaches u * total. Never a zero-probability token: the probs
+    are sorted, most likely first, so an entry with none repeats its predecessor's cumulative mass (which reached
+    it first), and u < 1 keeps u * total <= total (no entry past the last)."""
     if ids is None:
         return sample_from_probs(probs, u)
-    cdf = probs.cumsum(-1)  # probs are sorted, most likely first: the tokens with mass come first
-    j = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None], right=True)
-    j = torch.minimum(j, (probs > 0).sum(-1, keepdim=True) - 1)
-    return ids.gather(-1, j)[..., 0]
+    cdf = probs.cumsum(-1)
+    return ids.gather(-1, torch.searchsorted(cdf, u[..., None] * cdf[..., -1:])).squeeze(-1)
 
 
 def dense(probs: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
@@ -132,21 +132,21 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
     a junk slot (the last one: it only ever predicts past the end). Returns drafts (B, D) and their distributions
     (B, D, V)."""
     D = uf.shape[1]
-    junk = model.cond_len + L - 1
-    drafts, qs = [], []
+    t = nxt[:, None] + torch.arange(D, device=nxt.device)  # the token index of each draft
+    pos = torch.where(live[:, None] & (t < L), model.cond_len + t, model.cond_len + L - 1)  # its slot (or junk)
+    if cfg:
+        pos = torch.cat([pos, pos])
+    drafts, ps, ids = [], [], []
     for j in range(D):
-        probs, ids = draft_dist(drafter.logits(model, g), (nxt + j)[:, None], cfg, **sampling)
-        ids = None if ids is None else ids[:, 0]
-        d = draw(probs[:, 0], ids, uf[:, j])
-        drafts.append(d)
-        qs.append(dense(probs[:, 0], ids, model.vocab_size))
+        probs, top = draft_dist(drafter.logits(model, g), t[:, j:j + 1], cfg, **sampling)
+        ps.append(probs[:, 0])
+        ids.append(None if top is None else top[:, 0])
+        drafts.append(draw(ps[-1], ids[-1], uf[:, j]))
         if j < D - 1:
-            pos = torch.where(live & (nxt + j < L), model.cond_len + nxt + j, junk)[:, None]
-            x = d[:, None]
-            if cfg:
-                x, pos = torch.cat([x, x]), torch.cat([pos, pos])
-            g = drafter(model, g, x, pos, dcache)
-    return torch.stack(drafts, 1), torch.stack(qs, 1)
+            x = drafts[-1][:, None]
+            g = drafter(model, g, torch.cat([x, x]) if cfg else x, pos[:, j:j + 1], dcache)
+    return torch.stack(drafts, 1), dense(torch.stack(ps, 1), None if top is None else torch.stack(ids, 1),
+                                         model.vocab_size)
 
 
 def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
@@ -169,10 +169,11 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     ua, ur, _, uf = u.split([D, 1, D + 1, D], dim=1)
     didx = widx[:, :-1]
     x = tokens.gather(1, didx)
-    mine = ar[:-1] < (wv - 1)[:, None]
-    k, tok_k = verify(p, qwin, x, didx < L, mine, ua, ur[:, 0], rule, rule_args, rule_kw)
+    # every sample checks all W - 1 drafts: eagle runs one width per job (EagleSampler._run), so wv == W
+    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule, rule_args, rule_kw)
     kk = k[:, None]
-    cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), tok_k[:, None])  # past k: rewritten below
+    tk = tok_k[:, None]
+    cand = torch.cat([x, tk], 1).scatter_(1, kk, tk)  # past k: never read, rewritten below
     lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
     tokens = tokens.scatter(1, widx, cand)
     logp = logp.scatter(1, widx, lp)

@@ -165,18 +165,21 @@ def verify(p, qwin, x, inside, mine, ua, ur, rule, rule_args: tuple = (), rule_k
     """The verification every speculative rule shares, vectorised over the batch: target distributions p
     (B, W, V) at a window's positions, drafts x (B, W-1) with their draft distributions qwin (B, >= W-1, V),
     ``inside`` (B, W-1): the draft's position is in the image, ``mine`` (B, W-1): the sample checks this draft (its
-    own width), uniforms ua (B, >= W-1) and ur (B,). The rule gives each draft an acceptance probability (forced to 0
-    where p(x) = 0 or outside); drafts pass left to right until the first rejection, whose token is drawn from
-    norm(max(0, p - q)) (a bonus token from p when every checked draft passed). Returns (drafts accepted k (B,),
-    the token decided at offset k (B,))."""
+    own width; None: every one), uniforms ua (B, >= W-1) and ur (B,). The rule gives each draft an acceptance
+    probability (forced to 0 where p(x) = 0 or outside); drafts pass left to right until the first rejection, whose
+    token is drawn from norm(max(0, p - q)) (a bonus token from p when every checked draft passed). Returns (drafts
+    accepted k (B,), the token decided at offset k (B,))."""
     W = p.shape[1]
-    q = torch.where(mine[..., None], qwin[:, :W - 1], 0.0)  # zero past them: the token there is a bonus from p
+    q = qwin[:, :W - 1]
+    if mine is not None:
+        q = torch.where(mine[..., None], q, 0.0)  # zero past them: the token there is a bonus from p
+        inside = inside & mine
     if W > 1:
         pd = p[:, :-1]
         px = pd.gather(-1, x[..., None]).squeeze(-1)
         qx = q.gather(-1, x[..., None]).squeeze(-1)
         a = rule(pd, q, x, px, qx, *rule_args, **(rule_kw or {}))
-        a = torch.where((px > 0) & inside & mine, a, torch.zeros_like(a))
+        a = torch.where((px > 0) & inside, a, 0.0)
         k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
     else:  # a plain AR step: no drafts to check
         k = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
@@ -252,12 +255,11 @@ def spec_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L
 def advance(n, k, wv, L: int, counts):
     """After a pass that accepted k drafts per sample: the new decided counts (k + 1 tokens, never past L, none for
     finished samples) and the running (passes, drafts checked, drafts accepted) per sample."""
-    active = n < L
-    left = L - n
-    emitted = torch.where(active, torch.minimum(k + 1, left), 0)
-    checked = torch.where(active, torch.minimum(torch.minimum(k + 1, left), wv - 1), 0)
-    accepted = torch.where(active, torch.minimum(k, left), 0)
-    return n + emitted, counts + torch.stack([active.long(), checked, accepted], 1)
+    left = L - n  # n never passes L: a finished (or empty) slot has none left, so it emits, checks, accepts nothing
+    emitted = torch.minimum(k + 1, left)
+    checked = torch.minimum(emitted, wv - 1)
+    accepted = torch.minimum(k, left)
+    return n + emitted, counts + torch.stack([(left > 0).long(), checked, accepted], 1)
 
 
 # The widths window=auto measures and chooses from: each is one compiled graph per attention-length bucket, so few
