@@ -171,8 +171,9 @@ class InferenceHead:
     "A few-op head"). The projection's token half is folded with the target's embedding into one (V, d) table, the
     block's norms' gains into the products after them, the FFN's two input products into one; weights are stored
     (in, out) (the fastest orientation for a few rows); positions are table lookups (RoPE as two multiplies on q and
-    k at once); the output head reads the target's own weight (no copy). Same call as the drafter (``head(target, feats, tokens, input_pos, cache=None, attn_mask=None)``),
-    ``attends``, ``new_cache`` and ``logits``; no gradients. Made by :meth:`Drafter.inference`; equal to ``forward``
+    k at once); the output head reads the target's own weight (no copy). Same call as the drafter
+    (``head(target, feats, tokens, input_pos, cache=None, attn_mask=None)``), ``attends``, ``new_cache`` and
+    ``logits``; no gradients. Made by :meth:`Drafter.inference`; equal to ``forward``
     and the target's head up to float rounding (``tests/test_eagle.py``)."""
 
     def __init__(self, drafter: "Drafter", target):

@@ -145,7 +145,7 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
         if j < D - 1:
             x = drafts[-1][:, None]
             g = drafter(model, g, torch.cat([x, x]) if cfg else x, pos[:, j:j + 1], dcache)
-    return torch.stack(drafts, 1), dense(torch.stack(ps, 1), None if top is None else torch.stack(ids, 1),
+    return torch.stack(drafts, 1), dense(torch.stack(ps, 1), None if ids[0] is None else torch.stack(ids, 1),
                                          model.vocab_size)
 
 
