@@ -217,6 +217,42 @@ def test_rollout_depth_k_is_the_heads_kth_chained_call(tiny_gpt, arch):
         assert mask[:, m.cond_len:m.cond_len + S].equal(torch.ones(S, S).tril().bool())
 
 
+def test_acceptance_loss_is_what_the_exact_rule_accepts_and_trains_it(tiny_gpt):
+    """The recipe's ``accept_weight`` term: ``acceptance`` is sum_x min(p, q) of the guided, filtered distributions
+    (1 for the target's own logits; equal to a direct computation from the sampler's ``window_target``), and a few
+    steps on ``tv`` alone raise it on that batch at every depth (the gradient reaches the head through guidance
+    and the top-k filter)."""
+    from vgen.kernels.verify import window_target
+    from vgen.models.drafter import target_features
+    from vgen.train.drafter import acceptance, drafter_losses, sampling_kwargs
+    m = tiny_gpt
+    for p in m.parameters():
+        p.requires_grad_(False)
+    sampling = {"cfg_scale": 2.0, "top_k": 8, "temperature": 0.9}
+    kw = sampling_kwargs(sampling)
+    torch.manual_seed(0)
+    B, L = 6, m.seq_len
+    codes, labels = torch.randint(0, m.vocab_size, (B, L)), torch.randint(0, m.num_classes, (B,))
+    feats = torch.stack([target_features(m, codes, labels), target_features(m, codes, m.null_cond(labels))], 1)
+    d = make_drafter(m, seed=5).train()
+    r = drafter_losses(d, m, feats, codes, depths=2, sampling=sampling)
+    lq, lp = r["logits_q"][1], r["logits_p"][1]
+    torch.testing.assert_close(acceptance(lp, lp, 1, kw), torch.ones(B, L - 2))
+    idx = torch.arange(2, L, dtype=torch.long).expand(B, -1)
+    direct = torch.minimum(window_target(lp, idx, **kw), window_target(lq, idx, **kw)).sum(-1)
+    torch.testing.assert_close(acceptance(lq, lp, 1, kw), direct)
+    before = [float(acceptance(q, p, k, kw).mean().detach()) for k, (q, p) in enumerate(zip(r["logits_q"], r["logits_p"]))]
+    opt = torch.optim.Adam(d.parameters(), lr=3e-3)
+    for _ in range(25):
+        opt.zero_grad()
+        drafter_losses(d, m, feats, codes, depths=2, sampling=sampling)["tv"].backward()
+        opt.step()
+    r = drafter_losses(d, m, feats, codes, depths=2, sampling=sampling)
+    after = [float(acceptance(q, p, k, kw).mean().detach()) for k, (q, p) in enumerate(zip(r["logits_q"], r["logits_p"]))]
+    assert all(a > b + 0.05 for a, b in zip(after, before)), (before, after)
+    assert abs(float(r["tv"].detach()) - (1 - (after[0] + 0.8 * after[1]) / 1.8)) < 1e-5  # depth weights 1, 0.8
+
+
 def test_attention_free_head_keeps_no_cache_and_its_file_says_so(tmp_path, tiny_gpt):
     """arch=mlp: no KV cache, a state that depends only on its own slot's (feature, token) pair (so drafting a
     chain or a tree cannot read a stale slot), a file that loads back as mlp; files without the arch field load
@@ -360,8 +396,15 @@ def test_drafter_recipe_trains_chained_depths_from_an_init(tmp_path, tiny_pipeli
     assert abs(tf["test_acceptance"] - runs[1]["test_acceptance"]) < 1e-6
     for k in ("test_acceptance_d2", "test_acceptance_d3"):
         assert runs[3][k] > max(start[k], tf[k]) + 0.01, (k, runs[3], tf, start)
+    # accept_weight: the same fine-tuning plus the acceptance term, which the recipe logs and lowers (from this
+    # weak a head it does not beat the run above held out: it fine-tunes a good head, docs/zoo.md)
+    train_drafter(DrafterTrainConfig(out=str(tmp_path / "tv"), steps=40, save_every=40, init=init, depths=3,
+                                     accept_weight=1.0, **base))
+    tvs = [json.loads(x)["tv"] for x in (tmp_path / "tv" / "log.jsonl").read_text().splitlines() if "tv" in x]
+    assert len(tvs) == 4 and tvs[-1] < tvs[0] - 0.1, tvs
     for bad, msg in ((dict(depths=0), "depths must be >= 1"), (dict(depth_decay=0.0), "depth_decay in"),
-                     (dict(init=init, arch="mlp"), "holds a 'block' head but arch=mlp")):
+                     (dict(init=init, arch="mlp"), "holds a 'block' head but arch=mlp"),
+                     (dict(accept_weight=-1.0), "accept_weight")):
         out = tmp_path / "refused"
         with pytest.raises(VGenError, match=msg):
             train_drafter(DrafterTrainConfig(out=str(out), **{**base, **bad}))

@@ -4,7 +4,9 @@ The target is frozen; ``arch`` picks the head (``block``: EAGLE's one transforme
 no KV cache). The target's hidden states over real token sequences are computed once, for the class and for the
 null (CFG) condition, and cached in the run folder (``features_train.pt``, fp16); training then runs the one-block
 drafter on them with teacher forcing: smooth-L1 to the target's next hidden state plus ``cls_weight`` x the
-cross-entropy against the target's next-token distribution, with uniform noise on the input features (EAGLE).
+cross-entropy against the target's next-token distribution, with uniform noise on the input features (EAGLE);
+``accept_weight`` adds the total variation between the two distributions after the card's guidance and filter
+(1 - the acceptance the exact rule sees) at every trained depth.
 Token sequences: the pipeline's tokenizer over the embedded photographs, or a folder of cached codes
 (``codes=<folder>`` holding ``codes_train.pt`` / ``codes_test.pt`` as ``{"codes": int (N, L), "labels": (N,)}``,
 e.g. official LlamaGen checkpoints' ImageNet codes). ``self_samples=N`` adds N sequences sampled from the target
@@ -52,6 +54,8 @@ class DrafterTrainConfig(RecipeConfig):
     depths: int = 1                # train the head's chained depths 1..depths (EAGLE-3's training-time test)
     depth_decay: float = 0.8       # depth k's loss weight: depth_decay ** (k - 1), normalised
     init: str = ""                 # start from this drafter.safetensors (fine-tuning) instead of a random head
+    accept_weight: float = 0.0     # + this x (1 - acceptance) per depth: the total variation between the guided,
+                                   # filtered distributions the exact rule compares (the card's sampling)
 
 
 def load_target(name: str, device):
@@ -125,14 +129,35 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
     return codes[:n], labels[:n]
 
 
+def sampling_kwargs(sampling: dict) -> dict:
+    """A card's ``sampling`` as :func:`window_target`'s keyword arguments (guidance when its scale is not 1)."""
+    cfg_scale = float(sampling.get("cfg_scale", 1.0))
+    return dict(cfg=cfg_scale != 1.0, cfg_scale=cfg_scale, cfg_interval=int(sampling.get("cfg_interval", -1)),
+                temperature=float(sampling.get("temperature", 1.0)), top_k=int(sampling.get("top_k", 0)),
+                top_p=float(sampling.get("top_p", 1.0)))
+
+
+def acceptance(lq: torch.Tensor, lp: torch.Tensor, k: int, kw: dict) -> torch.Tensor:
+    """Per-position sum_x min(p, q) of depth ``k``'s (0-based) drafter and target logits ((2B, S - k, V), rows
+    [class; null]) under the sampling ``kw`` (:func:`sampling_kwargs`): what the exact rule accepts for that draft.
+    Differentiable in ``lq``."""
+    B = lq.shape[0] // 2
+    idx = torch.arange(k + 1, lq.shape[1] + k + 1, device=lq.device).expand(B, -1)  # the token each row predicts
+    if not kw["cfg"]:
+        lq, lp = lq[:B], lp[:B]
+    return torch.minimum(window_target(lp, idx, **kw), window_target(lq, idx, **kw)).sum(-1)
+
+
 def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.Tensor, noise: float = 0.0,
-                   generator: torch.Generator | None = None, depths: int = 1, decay: float = 0.8) -> dict:
+                   generator: torch.Generator | None = None, depths: int = 1, decay: float = 0.8,
+                   sampling: dict | None = None) -> dict:
     """Teacher-forced losses on (B, 2, L, d) target features and their (B, L) codes: slot s is fed (f[s-1], x[s])
     and predicts f[s]; both conditions' rows at once. ``depths`` > 1 adds the head's chained depths 2.. (its own
     output fed back, :meth:`Drafter.rollout`), each scored on the slots it drafts for and weighted ``decay`` ** (k-1)
     (weights normalised to sum 1). Returns the weighted feature and distribution losses (``reg``, ``cls``), and per
     depth those losses (``regs``, ``clss``) and the drafter's and the target's logits (lists of (2B, L-k, V), rows
-    [class; null]; depth k's row s predicts the token after slot s + k - 1)."""
+    [class; null]; depth k's row s predicts the token after slot s + k - 1). With ``sampling`` (a card's) also
+    ``tv``: the weighted mean of 1 - acceptance (:func:`acceptance`) over the depths."""
     B, _, L, d = feats.shape
     f = feats.float().transpose(0, 1).reshape(2 * B, L, d)  # rows [class; null]
     x = torch.cat([codes, codes]).long()
@@ -152,8 +177,13 @@ def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.T
         lq.append(q)
         lp.append(p)
     w = [decay ** k for k in range(depths)]
-    return {"reg": sum(a * b for a, b in zip(w, regs)) / sum(w), "cls": sum(a * b for a, b in zip(w, clss)) / sum(w),
-            "regs": regs, "clss": clss, "logits_q": lq, "logits_p": lp}
+    out = {"reg": sum(a * b for a, b in zip(w, regs)) / sum(w), "cls": sum(a * b for a, b in zip(w, clss)) / sum(w),
+           "regs": regs, "clss": clss, "logits_q": lq, "logits_p": lp}
+    if sampling is not None:
+        kw = sampling_kwargs(sampling)
+        tvs = [1 - acceptance(q, p.detach(), k, kw).mean() for k, (q, p) in enumerate(zip(lq, lp))]
+        out["tv"] = sum(a * b for a, b in zip(w, tvs)) / sum(w)
+    return out
 
 
 @torch.no_grad()
@@ -165,22 +195,18 @@ def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int 
     was = drafter.training
     drafter.eval()
     acc, top1, reg, cls, n = [0.0] * depths, 0.0, 0.0, 0.0, [0] * depths
-    cfg_scale = float(sampling.get("cfg_scale", 1.0))
-    guided = cfg_scale != 1.0
-    kw = dict(cfg=guided, cfg_scale=cfg_scale, cfg_interval=int(sampling.get("cfg_interval", -1)),
-              temperature=float(sampling.get("temperature", 1.0)), top_k=int(sampling.get("top_k", 0)),
-              top_p=float(sampling.get("top_p", 1.0)))
+    kw = sampling_kwargs(sampling)
     for i in range(0, feats.shape[0], batch):
         r = drafter_losses(drafter, target, feats[i:i + batch], codes[i:i + batch], depths=depths)
         B, S = codes[i:i + batch].shape[0], codes.shape[1] - 1
         for k in range(depths):
-            idx = torch.arange(k + 1, S + 1, device=codes.device).expand(B, S - k)  # the token each row predicts
             lq, lp = r["logits_q"][k], r["logits_p"][k]
-            lq, lp = (lq, lp) if guided else (lq[:B], lp[:B])
-            p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
-            acc[k] += float(torch.minimum(p, q).sum(-1).sum())
+            acc[k] += float(acceptance(lq, lp, k, kw).sum())
             n[k] += B * (S - k)
             if k == 0:
+                idx = torch.arange(1, S + 1, device=codes.device).expand(B, S)
+                lq, lp = (lq, lp) if kw["cfg"] else (lq[:B], lp[:B])
+                p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
                 top1 += float((p.argmax(-1) == q.argmax(-1)).float().sum())
         reg += float(r["regs"][0]) * B
         cls += float(r["clss"][0]) * B
@@ -195,8 +221,8 @@ def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int 
 def train_drafter(cfg: DrafterTrainConfig) -> dict:
     if cfg.codes and not Path(cfg.codes).is_dir():
         raise VGenError(f"codes={cfg.codes} is not a folder: give one holding codes_train.pt and codes_test.pt")
-    if cfg.noise < 0 or cfg.cls_weight < 0 or cfg.self_samples < 0:
-        raise VGenError("noise, cls_weight and self_samples must be >= 0")
+    if cfg.noise < 0 or cfg.cls_weight < 0 or cfg.self_samples < 0 or cfg.accept_weight < 0:
+        raise VGenError("noise, cls_weight, accept_weight and self_samples must be >= 0")
     if cfg.depths < 1 or not 0 < cfg.depth_decay <= 1:
         raise VGenError(f"depths={cfg.depths}, depth_decay={cfg.depth_decay}: depths must be >= 1 (1 = teacher "
                         "forcing only) and depth_decay in (0, 1]")
@@ -249,11 +275,15 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         g.manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g)
         r = drafter_losses(drafter, target, tr_feats[idx].to(device), tr_codes[idx], cfg.noise, g, cfg.depths,
-                           cfg.depth_decay)
+                           cfg.depth_decay, sampling=pipe.card.get("sampling", {}) if cfg.accept_weight else None)
         with torch.no_grad():
             top1 = (r["logits_q"][0].argmax(-1) == r["logits_p"][0].argmax(-1)).float().mean()
-        return r["reg"] + cfg.cls_weight * r["cls"], {"reg": r["reg"].detach(), "cls": r["cls"].detach(),
-                                                       "top1": top1}
+        loss = r["reg"] + cfg.cls_weight * r["cls"]
+        logs = {"reg": r["reg"].detach(), "cls": r["cls"].detach(), "top1": top1}
+        if cfg.accept_weight:
+            loss = loss + cfg.accept_weight * r["tv"]
+            logs["tv"] = r["tv"].detach()
+        return loss, logs
 
     def held_out_metrics() -> dict:
         return {pre + k: v for pre, f, c in held_out
