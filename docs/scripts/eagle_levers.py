@@ -6,6 +6,8 @@ the shipped head, batch 1 with CFG. One subcommand per lever:
     python docs/scripts/eagle_levers.py script     # the head's call as one TorchScript function against its eager call
     python docs/scripts/eagle_levers.py one-row    # chain steps on the conditional row only (stale unconditional)
     python docs/scripts/eagle_levers.py depth      # per-pass chain length from draft-side signals (simulated)
+    ... --drafter FILE                            # another head than the card's (e.g. the one shipped before:
+                                                  # git show f45aa6c:vgen/zoo/photos-gpt/drafter.safetensors > old.st)
 
 ``parts`` wraps the sampler's functions, the head's call, its output head and the target's pass in wall-clock
 timers (exclusive of nested parts) over 2 images, 3 rounds. ``depth`` runs window 7 on 16 images (one per class,
@@ -30,6 +32,7 @@ import vgen.samplers.eagle as E
 from vgen.models.drafter import InferenceHead, load_drafter
 from vgen.pipeline import drafter_path
 
+HEAD: dict = {}  # the eagle runs' drafter option (--drafter)
 C0, C1 = 1.05, 0.32  # a pass = C0 + C1 * drafts AR steps (window 4: 2.01, window 5: 2.34 = 11.24 / 5.56, 13.02 / 5.56)
 
 
@@ -56,9 +59,9 @@ def parts(pipe):
     cls = type(pipe.model)
     cls.decode_features = timed(cls.decode_features, "target pass", acc, stack)
     cls.decode = timed(cls.decode, "target step", acc, stack)
-    pipe.generate([0], sampler="eagle", window=4, seed=9, batch_size=1, compile=False)  # warm-up
+    pipe.generate([0], sampler="eagle", window=4, seed=9, batch_size=1, compile=False, **HEAD)  # warm-up
     for r in range(3):
-        for s, kw in (("ar", {}), ("eagle", dict(window=4))):
+        for s, kw in (("ar", {}), ("eagle", dict(window=4, **HEAD))):
             acc.clear()
             t = time.perf_counter()
             out = pipe.generate([3, 5], sampler=s, seed=1, batch_size=1, compile=False, **kw)
@@ -131,7 +134,7 @@ def head_function(emb, wg, wqkv, w13, w2, wo, cos, sin, kc, vc, slots, feats, to
 
 def script(pipe):
     m = pipe.model
-    head = load_drafter(drafter_path(pipe.card)).inference(m)
+    head = load_drafter(drafter_path(pipe.card, HEAD.get("drafter", ""))).inference(m)
     scripted = torch.jit.script(head_function)
     for S in (1, 4):
         cache = head.new_cache(m, 2)
@@ -177,7 +180,7 @@ def one_row(pipe):
     for name, fn in (("both rows (vgen)", both), ("conditional row only", one_row_chain)):
         E.draft_chain = fn
         t = time.perf_counter()
-        out = pipe.generate(list(range(16)), sampler="eagle", window=4, seed=1, batch_size=1, compile=False)
+        out = pipe.generate(list(range(16)), sampler="eagle", window=4, seed=1, batch_size=1, compile=False, **HEAD)
         t = time.perf_counter() - t
         s = out.stats
         print(f"{name}: {s['accepted_per_step']:.2f} tokens per pass, accepted to depth 1/2/3 "
@@ -198,7 +201,7 @@ def depth(pipe):
         return k, tok
 
     E.verify = recording
-    out = pipe.generate(list(range(16)), sampler="eagle", window=7, seed=3, batch_size=1, compile=False)
+    out = pipe.generate(list(range(16)), sampler="eagle", window=7, seed=3, batch_size=1, compile=False, **HEAD)
     E.verify = verify
     print(f"window 7: {out.stats['accepted_per_step']:.2f} tokens per pass; accepted to depth 1..6 "
           + " / ".join(f"{a:.2f}" for a in out.stats["accepted_by_depth"]))
@@ -259,7 +262,10 @@ def depth(pipe):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("lever", choices=["parts", "linear", "script", "one-row", "depth"])
+    ap.add_argument("--drafter", default="", help="a drafter.safetensors ('' = the one the card names)")
     a = ap.parse_args()
+    if a.drafter:
+        HEAD["drafter"] = a.drafter
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
     {"parts": parts, "linear": linear, "script": script, "one-row": one_row, "depth": depth}[a.lever](pipe)
