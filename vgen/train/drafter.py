@@ -137,15 +137,21 @@ def sampling_kwargs(sampling: dict) -> dict:
                 top_p=float(sampling.get("top_p", 1.0)))
 
 
-def acceptance(lq: torch.Tensor, lp: torch.Tensor, k: int, kw: dict) -> torch.Tensor:
-    """Per-position sum_x min(p, q) of depth ``k``'s (0-based) drafter and target logits ((2B, S - k, V), rows
-    [class; null]) under the sampling ``kw`` (:func:`sampling_kwargs`): what the exact rule accepts for that draft.
-    Differentiable in ``lq``."""
+def guided_pair(lq: torch.Tensor, lp: torch.Tensor, k: int, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depth ``k``'s (0-based) drafter and target logits ((2B, S - k, V), rows [class; null]) -> the distributions
+    (q, p) (B, S - k, V) the sampler draws and verifies with under the sampling ``kw`` (:func:`sampling_kwargs`):
+    guided, temperature-scaled, filtered. Differentiable in ``lq``."""
     B = lq.shape[0] // 2
     idx = torch.arange(k + 1, lq.shape[1] + k + 1, device=lq.device).expand(B, -1)  # the token each row predicts
     if not kw["cfg"]:
         lq, lp = lq[:B], lp[:B]
-    return torch.minimum(window_target(lp, idx, **kw), window_target(lq, idx, **kw)).sum(-1)
+    return window_target(lq, idx, **kw), window_target(lp, idx, **kw)
+
+
+def acceptance(lq: torch.Tensor, lp: torch.Tensor, k: int, kw: dict) -> torch.Tensor:
+    """Per-position sum_x min(p, q) of :func:`guided_pair`'s distributions: what the exact rule accepts for that
+    draft. Differentiable in ``lq``."""
+    return torch.minimum(*guided_pair(lq, lp, k, kw)).sum(-1)
 
 
 def drafter_losses(drafter: Drafter, target, feats: torch.Tensor, codes: torch.Tensor, noise: float = 0.0,
@@ -200,13 +206,10 @@ def evaluate(drafter: Drafter, target, feats, codes, sampling: dict, batch: int 
         r = drafter_losses(drafter, target, feats[i:i + batch], codes[i:i + batch], depths=depths)
         B, S = codes[i:i + batch].shape[0], codes.shape[1] - 1
         for k in range(depths):
-            lq, lp = r["logits_q"][k], r["logits_p"][k]
-            acc[k] += float(acceptance(lq, lp, k, kw).sum())
+            q, p = guided_pair(r["logits_q"][k], r["logits_p"][k], k, kw)
+            acc[k] += float(torch.minimum(p, q).sum())
             n[k] += B * (S - k)
             if k == 0:
-                idx = torch.arange(1, S + 1, device=codes.device).expand(B, S)
-                lq, lp = (lq, lp) if kw["cfg"] else (lq[:B], lp[:B])
-                p, q = window_target(lp, idx, **kw), window_target(lq, idx, **kw)
                 top1 += float((p.argmax(-1) == q.argmax(-1)).float().sum())
         reg += float(r["regs"][0]) * B
         cls += float(r["clss"][0]) * B
