@@ -2,10 +2,12 @@
 the shipped head, batch 1 with CFG. One subcommand per lever:
 
     python docs/scripts/eagle_levers.py parts      # wall time per part of a pass (no profiler), AR's step beside it
+    ... parts --window 7 --accept lantern --delta 0.4   # another eagle setting than window 4, exact
     python docs/scripts/eagle_levers.py linear     # the target's linears: W @ x^T (vgen's) / F.linear / x @ W^T copy
     python docs/scripts/eagle_levers.py script     # the head's call as one TorchScript function against its eager call
     python docs/scripts/eagle_levers.py one-row    # chain steps on the conditional row only (stale unconditional)
     python docs/scripts/eagle_levers.py depth      # per-pass chain length from draft-side signals (simulated)
+    python docs/scripts/eagle_levers.py gemm       # the target's products by row count, and its pass by window
     ... --drafter FILE                            # another head than the card's (e.g. the one shipped before:
                                                   # git show f45aa6c:vgen/zoo/photos-gpt/drafter.safetensors > old.st)
 
@@ -33,6 +35,7 @@ from vgen.models.drafter import InferenceHead, load_drafter
 from vgen.pipeline import drafter_path
 
 HEAD: dict = {}  # the eagle runs' drafter option (--drafter)
+PARTS = dict(window=4, accept="exact", delta=0.1)  # parts' eagle setting (--window, --accept, --delta)
 C0, C1 = 1.05, 0.32  # a pass = C0 + C1 * drafts AR steps (window 4: 2.01, window 5: 2.34 = 11.24 / 5.56, 13.02 / 5.56)
 
 
@@ -59,9 +62,10 @@ def parts(pipe):
     cls = type(pipe.model)
     cls.decode_features = timed(cls.decode_features, "target pass", acc, stack)
     cls.decode = timed(cls.decode, "target step", acc, stack)
-    pipe.generate([0], sampler="eagle", window=4, seed=9, batch_size=1, compile=False, **HEAD)  # warm-up
+    ekw = dict(window=PARTS["window"], accept=PARTS["accept"], delta=PARTS["delta"], **HEAD)
+    pipe.generate([0], sampler="eagle", seed=9, batch_size=1, compile=False, **ekw)  # warm-up
     for r in range(3):
-        for s, kw in (("ar", {}), ("eagle", dict(window=4, **HEAD))):
+        for s, kw in (("ar", {}), ("eagle", ekw)):
             acc.clear()
             t = time.perf_counter()
             out = pipe.generate([3, 5], sampler=s, seed=1, batch_size=1, compile=False, **kw)
@@ -109,6 +113,33 @@ def linear(pipe):
     KL.linear = vgen_linear
     for k, v in res.items():
         print(f"{k}: {v:.2f} ms per target pass")
+
+
+def gemm(pipe):
+    """Per row count: the target's product shapes as ``W @ x^T`` (vgen.kernels.linear's small-row order) and
+    ``F.linear``, interleaved, medians of 9 rounds of 200 calls; then the target's pass (batch 1, CFG: 2 x window
+    rows) per window with each."""
+    m, vgen_linear = pipe.model, KL.linear
+    shapes = sorted({tuple(mod.weight.shape) for mod in m.modules() if isinstance(mod, torch.nn.Linear)})
+    for o, i in shapes:
+        w, cells = torch.randn(o, i), []
+        for rows in (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32):
+            x = torch.randn(rows, i)
+            r = bench({"wx": lambda: torch.mm(w, x.t()).t(), "fl": lambda: F.linear(x, w)}, n=200, rounds=9)
+            cells.append(f"{rows}: {r['wx'] * 1e3:.0f} / {r['fl'] * 1e3:.0f}")
+        print(f"({o}, {i}) us per product, W @ x^T / F.linear, by rows: " + ", ".join(cells))
+    cache = m.new_cache(2)
+    for W in range(1, 10):
+        def step(W=W):
+            pos = (m.cond_len + 100 + torch.arange(W)).expand(2, W)
+            cache.limit(m.cond_len + 110 + W)
+            m.decode_features(torch.zeros(2, W, dtype=torch.long), pos, cache)
+        r = {}
+        for name, f in (("W @ x^T", vgen_linear), ("F.linear", lambda x, w, b=None: F.linear(x, w, b))):
+            KL.linear = f
+            r[name] = bench({name: step}, n=40, rounds=5)[name]
+        KL.linear = vgen_linear
+        print(f"window {W} ({2 * W} rows): target pass " + ", ".join(f"{k} {v:.2f} ms" for k, v in r.items()))
 
 
 def head_function(emb, wg, wqkv, w13, w2, wo, cos, sin, kc, vc, slots, feats, tokens, input_pos, attn_eps: float,
@@ -261,14 +292,19 @@ def depth(pipe):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("lever", choices=["parts", "linear", "script", "one-row", "depth"])
+    ap.add_argument("lever", choices=["parts", "linear", "script", "one-row", "depth", "gemm"])
     ap.add_argument("--drafter", default="", help="a drafter.safetensors ('' = the one the card names)")
+    ap.add_argument("--window", type=int, default=4, help="parts: eagle's window")
+    ap.add_argument("--accept", default="exact", help="parts: eagle's acceptance rule")
+    ap.add_argument("--delta", type=float, default=0.1, help="parts: LANTERN's delta (accept=lantern)")
     a = ap.parse_args()
+    PARTS.update(window=a.window, accept=a.accept, delta=a.delta)
     if a.drafter:
         HEAD["drafter"] = a.drafter
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
-    {"parts": parts, "linear": linear, "script": script, "one-row": one_row, "depth": depth}[a.lever](pipe)
+    levers = {"parts": parts, "linear": linear, "script": script, "one-row": one_row, "depth": depth, "gemm": gemm}
+    levers[a.lever](pipe)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,10 @@ from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, ad
 
 ACCEPT = ("exact", "lantern", "gsd")
 CHILDREN = ("sample", "top")
+# The chain windows window=auto times (those <= max_window, and max_window itself): every width to 4, then 6 and 8
+# (a wide window pays when most drafts pass, e.g. under LANTERN's rule; at batch 1 with guidance a window of 8 is 16
+# rows, a shape this CPU's GEMM runs faster than 12 or 14: docs/benchmarks.md "Wide windows")
+TIMED_WINDOWS = (2, 3, 4, 6, 8)
 
 
 @dataclass
@@ -51,7 +55,8 @@ class EagleOptions(SpeculativeOptions):
     window: int | str = option("auto", "tokens per forward pass: the last decided one plus window-1 drafts from "
                                "the draft head; auto: the width (or AR's loop) with the most tokens per second, "
                                "timed once per model, device, settings and the job's batch size")
-    max_window: int = option(4, "window=auto: the widest window it tries")
+    max_window: int = option(8, "window=auto: the widest window it tries (it times 2, 3, 4, 6 and 8 up to this, and "
+                             "this one)")
     accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
                          "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
     drafter: str = option("", "the draft head: a drafter.safetensors file ('' = the one the model card names)")
@@ -62,7 +67,8 @@ class EagleOptions(SpeculativeOptions):
     children: str = option("sample", "tree: how a node's children are proposed: sample (i.i.d. draws from the head) "
                            "or top (the head's most likely tokens)", choices=CHILDREN)
     k: int = option(1000, "accept=lantern: latent neighbours per token")
-    delta: float = option(0.1, "accept=lantern: total-variation budget per token")
+    delta: float = option(0.2, "accept=lantern: total-variation budget per token (0.2: FID-photo within 5% of AR's "
+                          "on photos-gpt at 1.8x AR; the LANTERN paper's and the lantern sampler's default is 0.1)")
     lam: float = option(0.0, "accept=lantern: LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
     group_size: int = option(25, "accept=gsd: tokens around the draft in the target's ranking")
     p_threshold: float = option(0.15, "accept=gsd: keep group members with |p(y) - p(x)| below this")
@@ -372,7 +378,10 @@ class EagleSampler(SpeculativeSampler):
         return tokens, stats
 
     def timed_widths(self) -> list[int]:
-        return [self.tree_window()] if self.options.tree else list(range(2, self.options.max_window + 1))
+        if self.options.tree:
+            return [self.tree_window()]
+        m = self.options.max_window
+        return sorted({w for w in TIMED_WINDOWS if w <= m} | {m})
 
     def step_kwargs(self, model, rows: int) -> dict:
         head = self._drafter
