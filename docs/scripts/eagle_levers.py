@@ -1,4 +1,5 @@
-"""Levers tried for eagle's batch-1 speed on photos-gpt (docs/benchmarks.md "Five more levers, measured"), eager,
+"""Levers tried for eagle's batch-1 speed on photos-gpt (docs/benchmarks.md "A head trained on the acceptance
+itself, and six more levers"; ``gemm``: "Wide windows under LANTERN's rule, and the GEMM at 16 rows"), eager,
 the shipped head, batch 1 with CFG. One subcommand per lever:
 
     python docs/scripts/eagle_levers.py parts      # wall time per part of a pass (no profiler), AR's step beside it
@@ -35,7 +36,7 @@ from vgen.models.drafter import InferenceHead, load_drafter
 from vgen.pipeline import drafter_path
 
 HEAD: dict = {}  # the eagle runs' drafter option (--drafter)
-PARTS = dict(window=4, accept="exact", delta=0.1)  # parts' eagle setting (--window, --accept, --delta)
+PARTS: dict = dict(window=4, accept="exact")  # parts' eagle setting (--window, --accept, --delta: eagle's own if unset)
 C0, C1 = 1.05, 0.32  # a pass = C0 + C1 * drafts AR steps (window 4: 2.01, window 5: 2.34 = 11.24 / 5.56, 13.02 / 5.56)
 
 
@@ -62,7 +63,7 @@ def parts(pipe):
     cls = type(pipe.model)
     cls.decode_features = timed(cls.decode_features, "target pass", acc, stack)
     cls.decode = timed(cls.decode, "target step", acc, stack)
-    ekw = dict(window=PARTS["window"], accept=PARTS["accept"], delta=PARTS["delta"], **HEAD)
+    ekw = dict(PARTS, **HEAD)
     pipe.generate([0], sampler="eagle", seed=9, batch_size=1, compile=False, **ekw)  # warm-up
     for r in range(3):
         for s, kw in (("ar", {}), ("eagle", ekw)):
@@ -296,9 +297,10 @@ def main():
     ap.add_argument("--drafter", default="", help="a drafter.safetensors ('' = the one the card names)")
     ap.add_argument("--window", type=int, default=4, help="parts: eagle's window")
     ap.add_argument("--accept", default="exact", help="parts: eagle's acceptance rule")
-    ap.add_argument("--delta", type=float, default=0.1, help="parts: LANTERN's delta (accept=lantern)")
+    ap.add_argument("--delta", type=float, default=None, help="parts: LANTERN's delta (accept=lantern; unset: "
+                    "eagle's default)")
     a = ap.parse_args()
-    PARTS.update(window=a.window, accept=a.accept, delta=a.delta)
+    PARTS.update(window=a.window, accept=a.accept, **({} if a.delta is None else {"delta": a.delta}))
     if a.drafter:
         HEAD["drafter"] = a.drafter
     torch.set_grad_enabled(False)
