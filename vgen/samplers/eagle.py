@@ -4,8 +4,11 @@ Each pass the target verifies ``window - 1`` drafts in one forward pass (the las
 at every sample's own positions) on the one verification core every speculative sampler shares
 (:func:`vgen.samplers.speculative.verify`), with the rule ``accept`` names:
 
-* ``exact`` (default): min(1, p(x) / q(x)) against the drafter's own distribution q, the residual
-  norm(max(0, p - q)) after a rejection: standard speculative sampling, every token has AR's distribution.
+* ``exact`` (default): speculative sampling against the drafter's own distribution q, every token with AR's
+  distribution. A chain is checked jointly by default (``verify=block``: block verification, Sun et al., ICLR
+  2025, :func:`vgen.kernels.verify.block_accepts`: a draft the target likes less than the head can be carried by
+  later ones it likes more; never fewer drafts kept in expectation); ``verify=token`` checks draft by draft,
+  min(1, p(x) / q(x)) with the residual norm(max(0, p - q)) after the first rejection.
 * ``lantern``: LANTERN's relaxed rule (latent neighbours' mass in the numerator, drift <= ``delta`` per token).
 * ``gsd``: GSD's grouped rule (not lossless).
 
@@ -43,6 +46,7 @@ from vgen.samplers.sjd import sjd_rule
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, timed_width, verify
 
 ACCEPT = ("exact", "lantern", "gsd")
+VERIFY = ("block", "token")
 CHILDREN = ("sample", "top")
 # The chain windows window=auto times (those <= max_window, and max_window itself): every width to 4, then 6 and 8
 # (a wide window pays when most drafts pass, e.g. under LANTERN's rule; at batch 1 with guidance a window of 8 is 16
@@ -59,6 +63,8 @@ class EagleOptions(SpeculativeOptions):
                              "this one)")
     accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
                          "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
+    verify: str = option("block", "accept=exact with a chain: check the drafts jointly (block: block verification, "
+                         "never fewer kept in expectation) or one by one (token); both exact", choices=VERIFY)
     drafter: str = option("", "the draft head: a drafter.safetensors file ('' = the one the model card names)")
     tree: str = option("", "draft a static tree instead of a chain: lantern++ (LANTERN++'s 25-node preset), a "
                        "branching per depth ('3,2,1'), or paths ('0|1|0.0'); '' = a chain of window - 1 drafts. "
@@ -158,9 +164,11 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
 def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
                grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
                top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
-               coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None):
-    """One target pass of width W + verification + the head's next drafts; the state is spec_step's (tokens[b,
-    :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b])."""
+               coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None,
+               block: bool = False):
+    """One target pass of width W + verification (``block``: block verification, the exact rule only) + the head's
+    next drafts; the state is spec_step's (tokens[b, :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with
+    distributions qwin[b])."""
     sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
                     top_p=top_p)
     ar = torch.arange(W, device=n.device)
@@ -176,7 +184,7 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     didx = widx[:, :-1]
     x = tokens.gather(1, didx)
     # every sample checks all W - 1 drafts: eagle runs one width per job (EagleSampler._run), so wv == W
-    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule, rule_args, rule_kw)
+    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule, rule_args, rule_kw, block=block)
     kk = k[:, None]
     tk = tok_k[:, None]
     cand = torch.cat([x, tk], 1).scatter_(1, kk, tk)  # past k: never read, rewritten below
@@ -386,7 +394,9 @@ class EagleSampler(SpeculativeSampler):
     def step_kwargs(self, model, rows: int) -> dict:
         head = self._drafter
         if self._tree is None:
-            return {"drafter": head, "dcache": head.new_cache(model, rows)}
+            o = self.options
+            return {"drafter": head, "dcache": head.new_cache(model, rows),
+                    "block": o.accept == "exact" and o.verify == "block"}
         return {"drafter": head, "dcache": head.new_cache(model, rows, extra=self._tree.size),
                 "tree": self._tree, "children": self.options.children}
 

@@ -36,7 +36,8 @@ from vgen.errors import VGenError
 from vgen.kernels.decode import compiled
 from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
-from vgen.kernels.verify import correction, gather_rows, leading_accepts, maximal_coupling, window_target
+from vgen.kernels.verify import (block_accepts, correction, gather_rows, leading_accepts, maximal_coupling,
+                                window_target)
 from vgen.interfaces import ModelSpec
 from vgen.samplers.base import Sampler, SamplingOptions, job_shape, option
 
@@ -161,28 +162,37 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     return f, F.one_hot(f, V).to(p_last.dtype) if with_q else None
 
 
-def verify(p, qwin, x, inside, mine, ua, ur, rule, rule_args: tuple = (), rule_kw: dict | None = None):
+def verify(p, qwin, x, inside, mine, ua, ur, rule, rule_args: tuple = (), rule_kw: dict | None = None,
+           block: bool = False):
     """The verification every speculative rule shares, vectorised over the batch: target distributions p
     (B, W, V) at a window's positions, drafts x (B, W-1) with their draft distributions qwin (B, >= W-1, V),
     ``inside`` (B, W-1): the draft's position is in the image, ``mine`` (B, W-1): the sample checks this draft (its
     own width; None: every one), uniforms ua (B, >= W-1) and ur (B,). The rule gives each draft an acceptance
     probability (forced to 0 where p(x) = 0 or outside); drafts pass left to right until the first rejection, whose
-    token is drawn from norm(max(0, p - q)) (a bonus token from p when every checked draft passed). Returns (drafts
-    accepted k (B,), the token decided at offset k (B,))."""
+    token is drawn from norm(max(0, p - q)) (a bonus token from p when every checked draft passed). ``block``: the
+    exact rule's block verification instead (:func:`block_accepts`; drafts drawn as a chain, each given the ones
+    before it, as a draft head's are; ``rule`` unused). Returns (drafts accepted k (B,), the token decided at offset
+    k (B,))."""
     W = p.shape[1]
     q = qwin[:, :W - 1]
     if mine is not None:
         q = torch.where(mine[..., None], q, 0.0)  # zero past them: the token there is a bonus from p
         inside = inside & mine
-    if W > 1:
-        pd = p[:, :-1]
-        px = pd.gather(-1, x[..., None]).squeeze(-1)
-        qx = q.gather(-1, x[..., None]).squeeze(-1)
-        a = rule(pd, q, x, px, qx, *rule_args, **(rule_kw or {}))
-        a = torch.where((px > 0) & inside, a, 0.0)
-        k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
-    else:  # a plain AR step: no drafts to check
+    if W == 1:  # a plain AR step: no drafts to check
         k = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+        return k, correction(p, q, k, ur)
+    pd = p[:, :-1]
+    px = pd.gather(-1, x[..., None]).squeeze(-1)
+    qx = q.gather(-1, x[..., None]).squeeze(-1)
+    if block:
+        # a draft past the image (or the sample's width) ends the block: h = w at the one before it. Only where a
+        # draft sits decides that, never which token it is (a draft-dependent end would bias the rule)
+        q = torch.where(inside[..., None], q, 0.0)
+        k, scale = block_accepts(p, q, px, qx, inside, ua[:, :W - 1])
+        return k, correction(p, q, k, ur, scale)
+    a = rule(pd, q, x, px, qx, *rule_args, **(rule_kw or {}))
+    a = torch.where((px > 0) & inside, a, 0.0)
+    k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
     return k, correction(p, q, k, ur)
 
 
