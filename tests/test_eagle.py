@@ -540,8 +540,8 @@ def test_tree_verification_keeps_the_target_distribution_per_node(children):
 
 def test_tree_of_one_child_per_node_is_the_chain(tiny_gpt):
     """A tree with one child per node (``1,1``) verifies, keeps and drafts exactly as the chain of the same depth
-    (window 3) checked draft by draft (a tree's nodes are): the scratch slots, the tree masks and the moved cache entries change nothing but the arithmetic's
-    order, so (almost) every token agrees."""
+    (window 3) checked draft by draft, as a tree's nodes are: the scratch slots, the tree masks and the moved cache
+    entries change nothing but the arithmetic's order, so (almost) every token agrees."""
     d = make_drafter(tiny_gpt, seed=1)
     kw = dict(cfg_scale=2.0, top_k=10, draft=d)
     chain, cs = sample(tiny_gpt, [0, 1, 2, 3] * 2, "eagle", seed=7, window=3, verify="token", **kw)

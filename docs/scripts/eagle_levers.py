@@ -1,5 +1,6 @@
 """Levers tried for eagle's batch-1 speed on photos-gpt (docs/benchmarks.md "A head trained on the acceptance
-itself, and six more levers"; ``gemm``: "Wide windows under LANTERN's rule, and the GEMM at 16 rows"), eager,
+itself, and six more levers"; ``gemm``: "Wide windows under LANTERN's rule, and the GEMM at 16 rows";
+``draft-temp`` / ``bf16``: "Block verification: the exact rule checks the chain jointly"), eager,
 the shipped head, batch 1 with CFG. One subcommand per lever:
 
     python docs/scripts/eagle_levers.py parts      # wall time per part of a pass (no profiler), AR's step beside it
@@ -9,6 +10,9 @@ the shipped head, batch 1 with CFG. One subcommand per lever:
     python docs/scripts/eagle_levers.py one-row    # chain steps on the conditional row only (stale unconditional)
     python docs/scripts/eagle_levers.py depth      # per-pass chain length from draft-side signals (simulated)
     python docs/scripts/eagle_levers.py gemm       # the target's products by row count, and its pass by window
+    python docs/scripts/eagle_levers.py draft-temp # drafting at another temperature than the target's (64 images)
+    python docs/scripts/eagle_levers.py bf16       # the head's products at 2 rows in fp32 / bf16
+    python docs/scripts/eagle_levers.py pooled FILE.json:SAMPLER ...   # x AR pooled over bench runs' paired rounds
     ... --drafter FILE                            # another head than the card's (e.g. the one shipped before:
                                                   # git show f45aa6c:vgen/zoo/photos-gpt/drafter.safetensors > old.st)
 
@@ -141,6 +145,52 @@ def gemm(pipe):
             r[name] = bench({name: step}, n=40, rounds=5)[name]
         KL.linear = vgen_linear
         print(f"window {W} ({2 * W} rows): target pass " + ", ".join(f"{k} {v:.2f} ms" for k, v in r.items()))
+
+
+def draft_temp(pipe):
+    """Tokens per pass (exact, block verification, window 8, 64 images at batch 8, seed 0) when the head drafts
+    from its distribution at temperature T times the target's (T = 1: eagle's; any proposal keeps the rule exact,
+    since every draft is verified against the distribution it was drawn from)."""
+    orig = E.draft_dist
+    labels = [i % pipe.model.num_classes for i in range(64)]
+    for t in (1.0, 0.85, 1.15):
+        def scaled(logits, token_index, cfg, cfg_scale, cfg_interval, temperature, top_k, top_p, t=t):
+            return orig(logits, token_index, cfg, cfg_scale, cfg_interval, temperature * t, top_k, top_p)
+        E.draft_dist = scaled
+        out = pipe.generate(labels, sampler="eagle", seed=0, window=8, batch_size=8, compile=False, **HEAD)
+        E.draft_dist = orig
+        print(f"draft temperature x {t}: {out.stats['accepted_per_step']:.2f} tokens per pass")
+
+
+def bf16(pipe):
+    """The head's products at batch 1 with CFG (2 rows), as InferenceHead runs them (``x @ W``, W stored (in, out)):
+    fp32 against bf16 weights with the casts in and out, medians of 5 rounds of 400 calls, microseconds."""
+    head = load_drafter(drafter_path(pipe.card, HEAD.get("drafter", ""))).inference(pipe.model)
+    for name in ("wg", "wqkv", "wo", "w13", "w2"):
+        w = getattr(head, name, None)
+        if w is None:
+            continue
+        x, wb = torch.randn(2, w.shape[0]), w.bfloat16()
+        r = bench({"fp32": lambda: torch.mm(x, w), "bf16": lambda: torch.mm(x.bfloat16(), wb).float()}, n=400,
+                  rounds=5)
+        print(f"{name} {tuple(w.shape)}: fp32 {r['fp32'] * 1e3:.1f} us, bf16 {r['bf16'] * 1e3:.1f} us")
+
+
+def pooled(cells: list[str]):
+    """x AR pooled over the paired rounds of ``FILE.json:SAMPLER`` cells (batch 1) of ``vgen bench`` runs: the bench's
+    own estimate (``paired_speedup``: geometric mean, 95% t-interval) over all their rounds together, and the median."""
+    import json
+
+    from vgen.eval.bench import paired_speedup
+    ratios = []
+    for cell in cells:
+        path, sampler = cell.split(":", 1)
+        rows = [r for r in json.load(open(path))["rows"] if r["sampler"] == sampler and r["batch_size"] == 1]
+        ratios += rows[0]["speedup_vs_ar_rounds"]
+    est = paired_speedup(ratios, [1.0] * len(ratios))  # round ratios as "reference seconds / 1 second"
+    lo, hi = est["speedup_vs_ar_ci95"]
+    print(f"{est['speedup_vs_ar_paired']:.2f}x ({lo:.2f}-{hi:.2f}), median {statistics.median(ratios):.2f}, "
+          f"{len(ratios)} rounds")
 
 
 def head_function(emb, wg, wqkv, w13, w2, wo, cos, sin, kc, vc, slots, feats, tokens, input_pos, attn_eps: float,
@@ -293,19 +343,24 @@ def depth(pipe):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("lever", choices=["parts", "linear", "script", "one-row", "depth", "gemm"])
+    ap.add_argument("lever", choices=["parts", "linear", "script", "one-row", "depth", "gemm", "draft-temp", "bf16",
+                                      "pooled"])
+    ap.add_argument("cells", nargs="*", help="pooled: FILE.json:SAMPLER ...")
     ap.add_argument("--drafter", default="", help="a drafter.safetensors ('' = the one the card names)")
     ap.add_argument("--window", type=int, default=4, help="parts: eagle's window")
     ap.add_argument("--accept", default="exact", help="parts: eagle's acceptance rule")
     ap.add_argument("--delta", type=float, default=None, help="parts: LANTERN's delta (accept=lantern; unset: "
                     "eagle's default)")
     a = ap.parse_args()
+    if a.lever == "pooled":
+        return pooled(a.cells)
     PARTS.update(window=a.window, accept=a.accept, **({} if a.delta is None else {"delta": a.delta}))
     if a.drafter:
         HEAD["drafter"] = a.drafter
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
-    levers = {"parts": parts, "linear": linear, "script": script, "one-row": one_row, "depth": depth, "gemm": gemm}
+    levers = {"parts": parts, "linear": linear, "script": script, "one-row": one_row, "depth": depth, "gemm": gemm,
+              "draft-temp": draft_temp, "bf16": bf16}
     levers[a.lever](pipe)
 
 
