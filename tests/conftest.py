@@ -143,11 +143,11 @@ def tiny_nar_pipeline(tmp_path, tiny_nar, tiny_vq):
 def _short_timed_calibration():
     """window=auto's timed calibration on 4 samples per run instead of 8 (tests check what it decides and caches,
     not how well 8 samples time a zoo model; 3 paired rounds x (AR + each width) runs per calibration)."""
-    from vgen.samplers import speculative
-    old = speculative.TIMED_SAMPLES
-    speculative.TIMED_SAMPLES = 4
+    from vgen.samplers.spec import widths
+    old = widths.TIMED_SAMPLES
+    widths.TIMED_SAMPLES = 4
     yield
-    speculative.TIMED_SAMPLES = old
+    widths.TIMED_SAMPLES = old
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -465,7 +465,7 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
     the fastest window, whose tokens are that fixed window's, or AR's loop (AR's tokens) when none beats it."""
     import json
 
-    import vgen.samplers.speculative as speculative
+    from vgen.samplers.spec import widths as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     d = make_drafter(tiny_gpt, seed=1)
     kw = dict(cfg_scale=2.0, top_k=10, draft=d)
@@ -511,7 +511,7 @@ def test_tree_verification_keeps_the_target_distribution_per_node(children):
     draws, or q's three most likely tokens as one-hot proposals); over 200k uniforms the decided first token follows
     p (chi-square), and a wrong target (q) is rejected by the same counts (power)."""
     from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
-    from vgen.samplers.sjd import sjd_rule
+    from vgen.samplers.spec.rules import TokenRule
     g = torch.Generator().manual_seed(0)
     V, B = 6, 200_000
     p = torch.tensor([0.05, 0.3, 0.0, 0.25, 0.3, 0.1])
@@ -525,7 +525,7 @@ def test_tree_verification_keeps_the_target_distribution_per_node(children):
         q = torch.nn.functional.one_hot(x, V).float()
     pp = torch.cat([p.expand(B, 1, V), torch.full((B, 3, V), 1.0 / V)], 1)  # after each (leaf) node: anything
     path, k, tok = tree_verify(t, pp, q, x, torch.ones(B, 3, dtype=torch.bool), torch.rand(B, 3, generator=g),
-                               torch.rand(B, generator=g), sjd_rule)
+                               torch.rand(B, generator=g), TokenRule())
     first = torch.where(k > 0, x.gather(1, (path[:, 0] - 1).clamp_min(0)[:, None]).squeeze(1), tok)
     counts = torch.bincount(first, minlength=V).double()
     assert counts[2] == 0  # p(2) = 0: never decided

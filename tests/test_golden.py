@@ -111,3 +111,50 @@ def test_golden_bytes(case, pipes):
     assert hashlib.sha256(gen.images.contiguous().numpy().tobytes()).hexdigest() == want_pixels
     if PIL.__version__ == PNG_PILLOW:
         assert png == want_png
+
+
+# Every sampler, draft source, acceptance rule and model order, recorded on the tree before the speculative core was
+# split into scheduler x draft source x rule (issue 44): continuous batching (batch_size below the job), per-pass
+# widths from given costs, every Jacobi init and coupling, the head's chain (block and token verification, LANTERN's
+# and GSD's rules) and trees, video with a prompt (a prefix), NAR, and continuous tokens. Each case: labels (0, 3, 7,
+# 12), seed 0, eager. (model, sampler, options, call arguments) -> (sha256 of the tokens, sha256 of the step map:
+# the pass that decided each token, so a change of schedule fails too). Token ids are the same on AVX2 and AVX-512
+# hosts; continuous tokens (float latents) are pinned per CPU kind (CORE_ISA).
+W4 = (("window", 4),)
+CORE = {
+    # CORE_CASES
+}
+CORE_ISA = {"AVX512": {
+    # CORE_ISA_CASES
+}}
+
+
+def core_ids(c):
+    opts = ",".join(f"{k}={v}" for k, v in c[2])
+    call = ",".join(f"{k}={v}" for k, v in c[3])
+    return "-".join(x for x in (c[0], c[1] or "plain", opts, call) if x)
+
+
+def _hash(t: torch.Tensor) -> str:
+    t = t.contiguous()
+    t = t.to(torch.float32) if t.is_floating_point() else t.to(torch.int64)
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+@needs_zoo()
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CORE) + list(CORE_ISA["AVX512"]), ids=core_ids)
+def test_core_bytes(case, pipes):
+    model, sampler, options, call = case
+    want = CORE.get(case) or CORE_ISA.get(torch.backends.cpu.get_cpu_capability(), {}).get(case)
+    if want is None:
+        pytest.skip(f"continuous tokens recorded on AVX512 hosts only; this host is "
+                    f"{torch.backends.cpu.get_cpu_capability()}")
+    if model not in pipes:
+        pipes[model] = vgen.load_pipeline(model)
+    call = dict(call)
+    if "prompt" in call:  # the first frames of a test clip: frame-conditioned generation continues them
+        call["prompt_frames"] = call.pop("prompt")
+        call["prompt"] = vgen.data.clips("test", 1).videos[0]
+    gen = pipes[model].generate(LABELS, sampler=sampler, seed=0, **call, **dict(options))
+    assert (_hash(gen.tokens), _hash(gen.step_map)) == want

@@ -8,14 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from exact import chi2_p, conditional_tv, counts_of, exact_joint, tv
+from guards import needs_zoo
 
+import vgen
 from vgen.errors import VGenError
 from vgen.kernels.neighbours import latent_neighbours
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import correction
 from vgen.samplers import sample
-from vgen.samplers.lantern import lantern_rule
-from vgen.samplers.speculative import INITS
+from vgen.samplers.spec.jacobi import INITS
+from vgen.samplers.spec.rules import LanternRule
 
 OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
 N = 20_000
@@ -85,7 +87,7 @@ def test_temporal_drafts_copy_the_previous_frame():
     """Drafts come from the same (h, w) one frame back (vertical in the first frame), across window sizes that
     span more than a frame; image models refuse init=temporal with the fix."""
     from vgen.models import build
-    from vgen.samplers.speculative import fresh_drafts
+    from vgen.samplers.spec.jacobi import fresh_drafts
     grid = (3, 2, 2)
     tokens = torch.arange(100, 112)[None]  # token value = 100 + raster index
     p = torch.full((1, 200), 1 / 200)
@@ -129,13 +131,15 @@ def test_relaxed_samplers_report_drift_and_stay_in_support(micro, capsys):
         print("\njoint TV from exact (20k samples):", {k: round(v, 4) for k, v in report.items()})
 
 
-def _naive_lantern(p, q, x, px, qx, nbr, *, delta, lam):
-    cs = p.gather(-1, nbr[x].long()).cumsum(-1)
-    moved = (cs * (cs <= delta)).amax(-1)
-    return ((px + moved) / qx).clamp_max(1.0)
+def _naive_lantern(nbr, delta, lam):
+    def rule(p, q, x, px, qx):
+        cs = p.gather(-1, nbr[x].long()).cumsum(-1)
+        moved = (cs * (cs <= delta)).amax(-1)
+        return ((px + moved) / qx).clamp_max(1.0)
+    return rule
 
 
-@pytest.mark.parametrize("rule,bounded", [(lantern_rule, True), (_naive_lantern, False)])
+@pytest.mark.parametrize("rule,bounded", [(LanternRule, True), (_naive_lantern, False)])
 def test_lantern_keeps_each_token_within_delta_for_any_draft_distribution(rule, bounded):
     """One verification step, 400k times: the output distribution of a token stays within TV delta of p
     even for a full (non one-hot) draft distribution q; the uncapped rule overshoots here."""
@@ -149,7 +153,7 @@ def test_lantern_keeps_each_token_within_delta_for_any_draft_distribution(rule, 
     P, Q = p.expand(n, 1, 8), q.expand(n, 1, 8)
     x = sample_from_probs(Q[:, 0], u[:, 0])[:, None]
     px, qx = p[x], q[x]
-    a = rule(P, Q, x, px, qx, nbr, delta=delta, lam=0.0)
+    a = rule(nbr, delta, 0.0)(P, Q, x, px, qx)
     a = torch.where(px > 0, a, torch.zeros_like(a))
     k = (u[:, 1:2] < a).long().sum(1)
     fix = correction(torch.cat([P, P], 1), Q, k, u[:, 2])
@@ -263,7 +267,7 @@ def test_cfg_interval_and_greedy_match_ar(tiny_gpt):
 
 
 def test_cost_aware_width_choice():
-    from vgen.samplers.speculative import best_width, expected_tokens
+    from vgen.samplers.spec.widths import best_width, expected_tokens
     costs = {1: 1.0, 2: 1.3, 4: 1.8}
     assert expected_tokens(0.5, 4, 256) == pytest.approx(1.875) and expected_tokens(0.5, 4, 2) == pytest.approx(1.5)
     assert best_width(costs, 0.0, 256) == 1      # nothing passes: a plain AR step
@@ -272,7 +276,7 @@ def test_cost_aware_width_choice():
     assert best_width(costs, 0.9, 1) == 1        # one token left: no draft can help
     # at batch 8 a sample that widens alone pays the pass's whole extra cost: 1/8 + 0.3 for width 2
     assert best_width(costs, 0.9, 256, batch=8) == 1 and best_width(costs, 0.9, 256, batch=2) == 4
-    from vgen.samplers.speculative import can_pay
+    from vgen.samplers.spec.widths import can_pay
     assert can_pay(costs) and not can_pay(costs, batch=8)   # 2 / 0.425 < 1 / 0.125: never, whatever passes
     assert not can_pay({1: 1.0, 2: 2.5, 4: 5.0})            # even at batch 1 when a draft costs more than a step
 
@@ -317,7 +321,7 @@ def test_timed_choice_needs_a_paired_win_in_most_rounds_and_no_loss(monkeypatch)
     """The timed rule compares each round's width with AR's run of the same round: the best median ratio wins if it
     clears the margin and no round fell below AR's loop; a width that won two rounds by a lot and lost one does not
     run, nor one that beat AR's best round only because AR had a slow round."""
-    from vgen.samplers import speculative
+    from vgen.samplers.spec import widths as speculative
     choose = speculative.timed_choice
     assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [140, 112, 150]}) == 4  # median 1.40 vs 1.25
     assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [160, 95, 150]}) == 2  # 4 lost a round: 2's median wins
@@ -333,7 +337,7 @@ def test_timed_choice_needs_a_paired_win_in_most_rounds_and_no_loss(monkeypatch)
 def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
     """window=auto: AR's loop and widths 2 / 4 are timed whole once (cached per settings and job batch); the job
     runs the fastest width (that fixed width's tokens) or AR's loop (AR's tokens) when none beats it by the margin."""
-    from vgen.samplers import speculative
+    from vgen.samplers.spec import widths as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
     first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
@@ -400,3 +404,70 @@ def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
 def test_adaptive_options_are_checked(tiny_gpt, opts, match):
     with pytest.raises(VGenError, match=match):
         sample(tiny_gpt, [0], "sjd", **opts)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,extra", [("sjd", {}), ("sjd", dict(coupling="maximal", init="sample")),
+                                        ("gsd", {}), ("lantern", {}), ("scd", {}), ("scd", dict(coupling="maximal")),
+                                        ("sjd", dict(window="auto", costs="1:1,2:1.1,4:1.3"))])
+def test_speculative_samplers_run_on_cuda(tiny_gpt, name, extra):
+    """On a GPU every Jacobi draft source and rule keeps its tensors on the device, decides every token in the
+    vocabulary, and gives the same bytes for the same seed, alone or in a smaller batch (slots refilled)."""
+    m = tiny_gpt.cuda()
+    kw = {**OPTS, "window": 4, "init": "vertical", "top_k": 10, "codebook": _codebook(32).cuda(), **extra}
+    if name in ("sjd", "scd"):
+        kw.pop("codebook")
+    a, st = sample(m, [0, 1, 2], name, seed=5, **kw)
+    b, _ = sample(m, [0, 1, 2], name, seed=5, batch_size=2, **kw)
+    assert a.device.type == "cuda" and a.shape == (3, m.seq_len)
+    assert int(a.min()) >= 0 and int(a.max()) < m.vocab_size
+    assert st["forward_passes"] < 3 * m.seq_len and 1.0 <= st["accepted_per_step"]
+    assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@needs_zoo()
+@pytest.mark.parametrize("extra", [dict(window=8), dict(window=4, verify="token"),
+                                   dict(window=8, accept="lantern"), dict(tree="3,2,1", children="top", window=16)])
+def test_eagle_runs_on_cuda(extra):
+    """The shipped draft head's chain and tree on a GPU: on the device, the same bytes for the same seed in any
+    batch, more than one token per pass."""
+    pipe = vgen.load_pipeline("photos-gpt", device="cuda")
+    a = pipe.generate([0, 3, 7], sampler="eagle", seed=1, **extra)
+    b = pipe.generate([0, 3, 7], sampler="eagle", seed=1, batch_size=2, **extra)
+    assert torch.equal(a.tokens, b.tokens) and a.stats["accepted_per_step"] > 1.5
+
+
+def test_an_acceptance_rule_is_one_class_on_the_shared_core(tiny_gpt):
+    """The speculative core takes any object with ``block`` and ``__call__(p, q, x, px, qx)``: the exact rule written
+    again as a new class gives sjd's bytes; a rule that accepts nothing decides one token per pass."""
+    from dataclasses import dataclass
+
+    from vgen.samplers.sjd import SJDSampler
+
+    @dataclass(frozen=True)
+    class Ratio:
+        block = False
+
+        def __call__(self, p, q, x, px, qx):
+            return torch.minimum(px / qx.clamp_min(1e-30), torch.ones_like(px))
+
+    @dataclass(frozen=True)
+    class Never:
+        block = False
+
+        def __call__(self, p, q, x, px, qx):
+            return torch.zeros_like(px)
+
+    def with_rule(rule):
+        class Custom(SJDSampler):
+            def acceptance(self, model, codebook):
+                return rule
+        return Custom(window=4, init="vertical", **OPTS)
+
+    cond = torch.tensor([0, 1, 2])
+    mine, st = with_rule(Ratio())(tiny_gpt, cond, [5, 6, 7], batch_size=2)
+    ref, st_ref = sample(tiny_gpt, [0, 1, 2], "sjd", seed=5, window=4, init="vertical", batch_size=2, **OPTS)
+    assert torch.equal(mine, ref) and st["forward_passes"] == st_ref["forward_passes"] < 3 * tiny_gpt.seq_len
+    _, none = with_rule(Never())(tiny_gpt, cond, [5, 6, 7])
+    assert none["accepted_per_step"] == 1.0 and none["acceptance_rate"] == 0.0

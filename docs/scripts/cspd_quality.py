@@ -1,10 +1,10 @@
-"""Evidence for docs/continuous.md and docs/benchmarks.md: CSpD keeps the target's distribution and quality.
+"""Evidence for docs/continuous.md and docs/lab/benchmarks-log.md: CSpD keeps the target's distribution and quality.
 
     python docs/scripts/cspd_quality.py [--n 128] [--seeds 0 1] [--options stop_sigma=0.1]
 
 FID-photo (and KID) against photos-test of n samples (labels i % 16) for: the target alone (photos-car, `ar`),
 CSpD with photos-car-draft (rule=path, k=4; rule=exact draws the same distribution and is slower, see
-docs/benchmarks.md) and the draft alone (photos-car-draft, `ar`), each with
+docs/lab/benchmarks-log.md) and the draft alone (photos-car-draft, `ar`), each with
 two sampling seeds to show the noise; plus the real held-out images (photos-test, other crops) as the floor.
 Sampling options come from the cards, overridden by --options. Writes docs/metrics/cspd_quality.json and prints a
 markdown table.

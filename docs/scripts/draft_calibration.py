@@ -1,4 +1,4 @@
-"""Is the head's draft distribution q best drawn with the target's own settings? (docs/benchmarks.md "Glue ops")
+"""Is the head's draft distribution q best drawn with the target's own settings? (docs/lab/benchmarks-log.md "Glue ops")
 
 Any q keeps the exact rule exact (drafts are verified against the q they were drawn from), so the draft's guidance
 scale, temperature and top-k could differ from the target's. This script scores a grid of them by the one-step

@@ -1,11 +1,11 @@
-"""Where an eagle pass goes on photos-gpt (docs/benchmarks.md "Trained draft head"): batch 1 with CFG (2 rows), the
+"""Where an eagle pass goes on photos-gpt (docs/lab/benchmarks-log.md "Trained draft head"): batch 1 with CFG (2 rows), the
 zoo weights, medians of 200 calls (round-robin over the parts after 10 warm-up calls each, on a cache filled to
 position 100) of AR's decode step, the target's pass over W query tokens (with guidance / top-k of its W
 distributions), the draft head over W tokens, one draft (output head, guidance / top-k, draw: the sampler's draw
 over the head's top-k, and the earlier one over the whole vocabulary beside it) and one chain step
 (a draft, then the head on it); then a
 cost model of a chain pass of width W: the target's W-token pass + the head's catch-up over W + (W - 2) chain
-steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (docs/benchmarks.md's exact rows).
+steps + one draft, against AR's step, with tokens per pass from ``--tokens`` (docs/lab/benchmarks-log.md's exact rows).
 
     python docs/scripts/eagle_costs.py                 # eager
     python docs/scripts/eagle_costs.py --compile       # each part compiled (cpp_wrapper, as vgen's steps)

@@ -1,4 +1,4 @@
-"""Levers tried for eagle's batch-1 speed on photos-gpt (docs/benchmarks.md "A head trained on the acceptance
+"""Levers tried for eagle's batch-1 speed on photos-gpt (docs/lab/benchmarks-log.md "A head trained on the acceptance
 itself, and six more levers"; ``gemm``: "Wide windows under LANTERN's rule, and the GEMM at 16 rows";
 ``draft-temp`` / ``bf16``: "Block verification: the exact rule checks the chain jointly"), eager,
 the shipped head, batch 1 with CFG. One subcommand per lever:
@@ -21,7 +21,7 @@ timers (exclusive of nested parts) over 2 images, 3 rounds. ``depth`` runs windo
 seed 3), records per pass the head's probability of each drawn token, its top probability, the target's entropy
 at the pass's last decided token and the number of drafts accepted, then replays chain lengths chosen from those
 signals (a draft-side choice keeps the exact rule exact) under a cost model of a pass, ``c0 + c1 * drafts`` AR
-steps, with c0 / c1 fitted to docs/benchmarks.md's window 4 / 5 rows (11.24 / 13.02 ms at AR 5.56 ms).
+steps, with c0 / c1 fitted to docs/lab/benchmarks-log.md's window 4 / 5 rows (11.24 / 13.02 ms at AR 5.56 ms).
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def timed(f, label, acc, stack):
 
 def parts(pipe):
     acc, stack = collections.Counter(), []
-    for name in ("draft_dist", "draw", "dense", "window_target", "verify", "catch_up", "draft_chain", "eagle_step",
+    for name in ("draft_dist", "draw", "dense", "window_target", "verify", "catch_up", "draft_chain", "chain_step",
                  "advance"):
         setattr(E, name, timed(getattr(E, name), name, acc, stack))
     InferenceHead.__call__ = timed(InferenceHead.__call__, "head calls", acc, stack)

@@ -1,4 +1,4 @@
-"""Where an eagle pass's ops go (docs/benchmarks.md "Fewer glue ops per pass"): one photos-gpt image at batch 1,
+"""Where an eagle pass's ops go (docs/lab/benchmarks-log.md "Fewer glue ops per pass"): one photos-gpt image at batch 1,
 window 4, eager, under torch.profiler; every top-level aten call (one not made inside another aten call) is charged
 to the innermost part it ran in (the target's pass, a head call, an output-head call, each sampler function), and
 the table gives calls per target pass. Op counts do not depend on the machine's speed, unlike times.
@@ -19,7 +19,7 @@ import vgen  # noqa: E402
 import vgen.samplers.eagle as E  # noqa: E402
 from vgen.models.drafter import InferenceHead  # noqa: E402
 
-PARTS = ["draft_dist", "draw", "dense", "window_target", "verify", "catch_up", "draft_chain", "eagle_step", "advance"]
+PARTS = ["draft_dist", "draw", "dense", "window_target", "verify", "catch_up", "draft_chain", "chain_step", "advance"]
 
 
 def labelled(f, label):

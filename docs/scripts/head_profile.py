@@ -1,4 +1,4 @@
-"""Where one eager call of photos-gpt's draft head goes (docs/benchmarks.md "An attention-free head"): batch 1
+"""Where one eager call of photos-gpt's draft head goes (docs/lab/benchmarks-log.md "An attention-free head"): batch 1
 with CFG (2 rows), the shipped head on a prefilled cache, 20 warm-up calls, then 50 calls under torch.profiler;
 prints the ops by self CPU time.
 

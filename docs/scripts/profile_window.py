@@ -1,4 +1,4 @@
-"""Where a speculative window pass spends its time (docs/benchmarks.md, "Where a window pass goes").
+"""Where a speculative window pass spends its time (docs/lab/benchmarks-log.md, "Where a window pass goes").
 
     python docs/scripts/profile_window.py [--model photos-gpt] [--batch-sizes 1 8] [--widths 1 2 4 8]
 
@@ -18,8 +18,9 @@ import torch
 
 from vgen.kernels.decode import compiled
 from vgen.pipeline import Pipeline
-from vgen.samplers.sjd import sjd_rule
-from vgen.samplers.speculative import spec_step
+from vgen.samplers.spec.jacobi import jacobi_step
+from vgen.samplers.spec.rules import TokenRule
+from vgen.samplers.spec.scheduler import SlotState, StepConfig
 
 FAMILIES = [("linear", ("mm", "addmm", "linear", "matmul", "bmm")), ("attention", ("attention", "sdpa", "_scaled")),
             ("sort/top-k", ("topk", "sort", "cumsum", "searchsorted")), ("softmax", ("softmax",)),
@@ -46,8 +47,9 @@ def main():
     pipe = Pipeline.from_pretrained(a.model)
     model, L, V = pipe.model, pipe.model.seq_len, pipe.model.vocab_size
     D = max(a.widths) - 1
-    kw = dict(L=L, D=D, grid=tuple(model.token_shape), cfg=True, cfg_scale=3.0, cfg_interval=-1, temperature=1.0,
-              top_k=100, top_p=1.0, init="vertical", fresh_q="proposal", rule=sjd_rule, rule_args=(), rule_kw={})
+    config = StepConfig(L=L, D=D, grid=tuple(model.token_shape), cfg=True, cfg_scale=3.0, cfg_interval=-1,
+                        temperature=1.0, top_k=100, top_p=1.0)
+    kw = dict(init="vertical", fresh_q="proposal")
     print(f"{a.model}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| batch | width | mode | forward ms | whole step ms | verification ms | step x width-1 step |")
     print("|---|---|---|---|---|---|---|")
@@ -57,14 +59,14 @@ def main():
             model.prefill(torch.zeros(2 * S, dtype=torch.long), cache)
             n = torch.full((S,), L // 2)
             tokens = torch.randint(0, V, (S, L + 2 * D + 2))
-            state = (torch.full((S, D, V), 1.0 / V), torch.zeros(S, L + 2 * D + 2),
-                     torch.zeros(S, L + 2 * D + 2, dtype=torch.long), torch.zeros(S, 3, dtype=torch.long))
+            state = SlotState(tokens, n, torch.full((S, D, V), 1.0 / V), torch.zeros(S, L + 2 * D + 2),
+                              torch.zeros(S, L + 2 * D + 2, dtype=torch.long), torch.zeros(S, 3, dtype=torch.long))
             u = torch.rand(S, 3 * D + 2)
             it = torch.tensor(1)
             cache.limit(cache.bucket(model.cond_len + L // 2 + max(a.widths)))
             for mode in ("eager", "compiled"):
                 fwd = compiled(decode_only) if mode == "compiled" else decode_only
-                step = compiled(spec_step) if mode == "compiled" else spec_step
+                step = compiled(jacobi_step) if mode == "compiled" else jacobi_step
                 times = defaultdict(list)
                 for r in range(a.repeats + 2):
                     for w in a.widths:
@@ -72,7 +74,7 @@ def main():
                         t0 = time.perf_counter()
                         fwd(model, cache, tokens, n, w, L, True)
                         t1 = time.perf_counter()
-                        step(model, cache, tokens, n, wv, *state, u, it, W=w, **kw)
+                        step(model, cache, state, wv, u, it, w, config, TokenRule(), **kw)
                         t2 = time.perf_counter()
                         if r >= 2:
                             times[w, "f"].append(t1 - t0)
@@ -86,7 +88,7 @@ def main():
             wv = torch.full((S,), w)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(10):
-                    spec_step(model, cache, tokens, n, wv, *state, u, it, W=w, **kw)
+                    jacobi_step(model, cache, state, wv, u, it, w, config, TokenRule(), **kw)
             fam, total, ops = defaultdict(float), 0.0, 0
             for e in prof.key_averages():
                 name = e.key.lower()

@@ -1,4 +1,4 @@
-"""Identity of SCD (Gumbel coupling) with AR's Gumbel draw on a zoo model (docs/benchmarks.md, "Coupled drafts").
+"""Identity of SCD (Gumbel coupling) with AR's Gumbel draw on a zoo model (docs/lab/benchmarks-log.md, "Coupled drafts").
 
     python docs/scripts/scd_identity.py --model photos-gpt --samples 64 --batch 8
 

@@ -283,7 +283,7 @@ def paired_speedup(base_seconds: list[float], seconds: list[float]) -> dict:
     """Speed-up against a reference measured round by round: the repeats interleave the cells, so round i of a cell
     and round i of the reference ran minutes apart at most and a slow spell of the machine hits both. Returns the
     geometric mean of the per-round ratios and its 95% t-interval (on the log ratios; with at least 3 rounds), the
-    numbers to quote where runs move by more than the effect (this 2-core VM: 10-45% between 8-image runs)."""
+    numbers to quote where whole runs move by more than the effect."""
     if len(seconds) < 3 or len(base_seconds) != len(seconds):
         return {}
     import math

@@ -44,7 +44,7 @@ def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.
 
 # Inductor options for the decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++
 # instead of Python. Not ``freezing`` (weights folded into the graph as constants): it bypasses AOTAutograd's
-# on-disk cache, so a later process's warm-up took 25 s instead of 10 s, for no measurable speed (docs/compile.md).
+# on-disk cache, so a later process compiles again instead of loading (docs/compile.md has the measurements).
 COMPILE_OPTIONS = {"cpp_wrapper": True}
 
 

@@ -1,5 +1,5 @@
 """Static draft trees: their shape, the attention masks that verify a whole tree in one forward pass, and the
-vectorised multi-candidate verification (the tree counterpart of :func:`vgen.samplers.speculative.verify`).
+vectorised multi-candidate verification (the tree counterpart of :func:`vgen.kernels.verify.verify`).
 
 A tree is a list of paths from the root (the last decided token): ``(0,)`` is the root's first child, ``(0, 1)``
 that child's second child, and so on (EAGLE's "tree choices" format). Node 0 is the root; nodes 1..N follow the
@@ -149,10 +149,11 @@ class StaticTree:
 
 
 def tree_verify(tree: StaticTree, p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, inside: torch.Tensor,
-                ua: torch.Tensor, ur: torch.Tensor, rule, rule_args: tuple = (), rule_kw: dict | None = None):
+                ua: torch.Tensor, ur: torch.Tensor, rule):
     """Verify a whole tree per sample. p (B, N + 1, V): the target after the root and after every node; q
     (B, N, V): each node's proposal; x (B, N): node tokens; ``inside`` (B, N): the node's position is in the
-    image; ua (B, N), ur (B,) uniforms. Returns (path (B, depth_max): the accepted node per depth, 0 past the
+    image; ua (B, N), ur (B,) uniforms; ``rule(p, q, x, px, qx) -> a`` the acceptance rule (each candidate checked
+    against its residual target; token by token, never ``block``). Returns (path (B, depth_max): the accepted node per depth, 0 past the
     end; k (B,): drafts accepted; the token decided after the path (B,))."""
     B, N1, V = p.shape
     # residual target each candidate is checked against: r_1 = p(parent), r_{i+1} = norm(max(0, r_i - q_i))
@@ -164,7 +165,7 @@ def tree_verify(tree: StaticTree, p: torch.Tensor, q: torch.Tensor, x: torch.Ten
             r[:, nodes - 1] = _residual(r[:, prev - 1], q[:, prev - 1])
     rx = r.gather(-1, x[..., None]).squeeze(-1)
     qx = q.gather(-1, x[..., None]).squeeze(-1)
-    a = rule(r, q, x, rx, qx, *rule_args, **(rule_kw or {}))
+    a = rule(r, q, x, rx, qx)
     acc = (ua < a) & (rx > 0) & inside
     first = acc & ~((acc.float() @ tree.earlier.T) > 0)  # accepted, every earlier sibling rejected
     ok = torch.cat([torch.ones_like(first[:, :1]), first], 1)  # the root is always on the path

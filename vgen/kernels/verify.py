@@ -103,3 +103,36 @@ def maximal_coupling(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u_keep: 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """x (B, N, V), idx (B, M) -> (B, M, V)."""
     return x.gather(1, idx[..., None].expand(*idx.shape, x.shape[-1]))
+
+
+def verify(p, qwin, x, inside, mine, ua, ur, rule):
+    """The verification every speculative rule shares, vectorised over the batch: target distributions p
+    (B, W, V) at a window's positions, drafts x (B, W-1) with their draft distributions qwin (B, >= W-1, V),
+    ``inside`` (B, W-1): the draft's position is in the image, ``mine`` (B, W-1): the sample checks this draft (its
+    own width; None: every one), uniforms ua (B, >= W-1) and ur (B,). ``rule(p, q, x, px, qx) -> a`` gives each
+    draft an acceptance probability (forced to 0 where p(x) = 0 or outside); drafts pass left to right until the
+    first rejection, whose token is drawn from norm(max(0, p - q)) (a bonus token from p when every checked draft
+    passed). A rule with ``block`` set asks for block verification instead (:func:`block_accepts`; drafts drawn as
+    a chain, each given the ones before it, as a draft head's are). Returns (drafts accepted k (B,), the token
+    decided at offset k (B,))."""
+    W = p.shape[1]
+    q = qwin[:, :W - 1]
+    if mine is not None:
+        q = torch.where(mine[..., None], q, 0.0)  # zero past them: the token there is a bonus from p
+        inside = inside & mine
+    if W == 1:  # a plain AR step: no drafts to check
+        k = torch.zeros(p.shape[0], dtype=torch.long, device=p.device)
+        return k, correction(p, q, k, ur)
+    pd = p[:, :-1]
+    px = pd.gather(-1, x[..., None]).squeeze(-1)
+    qx = q.gather(-1, x[..., None]).squeeze(-1)
+    if rule.block:
+        # a draft past the image (or the sample's width) ends the block: h = w at the one before it. Only where a
+        # draft sits decides that, never which token it is (a draft-dependent end would bias the rule)
+        q = torch.where(inside[..., None], q, 0.0)
+        k, scale = block_accepts(p, q, px, qx, inside, ua[:, :W - 1])
+        return k, correction(p, q, k, ur, scale)
+    a = rule(pd, q, x, px, qx)
+    a = torch.where((px > 0) & inside, a, 0.0)
+    k = leading_accepts(ua[:, :W - 1], a)  # drafts accepted (B,)
+    return k, correction(p, q, k, ur)

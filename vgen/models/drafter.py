@@ -167,8 +167,8 @@ class Drafter(nn.Module):
 
 class InferenceHead:
     """The head's inference path for one target: ``Drafter.forward``'s function with its weights pre-arranged for
-    few ops per call (on a CPU a small head's call is per-op dispatch and streaming its weights: docs/benchmarks.md
-    "A few-op head"). The projection's token half is folded with the target's embedding into one (V, d) table, the
+    few ops per call (on a CPU a small head's call is per-op dispatch and streaming its weights:
+    docs/lab/benchmarks-log.md "A few-op head"). The projection's token half is folded with the target's embedding into one (V, d) table, the
     block's norms' gains into the products after them, the FFN's two input products into one; weights are stored
     (in, out) (the fastest orientation for a few rows); positions are table lookups (RoPE as two multiplies on q and
     k at once); the output head reads the target's own weight (no copy). Same call as the drafter

@@ -117,10 +117,10 @@ def compile_value(value) -> bool | str:
     return "auto" if v == "auto" else v == "true"
 
 
-# compile=auto's cost model, measured with the AR sampler on photos-gpt, 2-core CPU (docs/compile.md): a compiled
-# forward pass saves about AUTO_SAVED_S_PER_PASS over an eager one (3.8-4.8 ms at batch 1, 1.4-2.4 ms at batch 8:
-# mostly per-op dispatch), and compiling one batch shape (its four KV-length graphs) on an empty inductor cache takes
-# about AUTO_WARMUP_S (62-87 s). Break-even: 23,334 forward passes: 92 images at batch 1, 736 at batch 8.
+# compile=auto's cost model: a compiled forward pass saves about AUTO_SAVED_S_PER_PASS seconds over an eager one
+# (mostly per-op dispatch), and compiling one batch shape (its four KV-length graphs) on an empty inductor cache takes
+# about AUTO_WARMUP_S; compile when the job's passes repay the warm-up. The constants, their measurement and the
+# break-even they give are in docs/compile.md.
 AUTO_SAVED_S_PER_PASS = 0.003
 AUTO_WARMUP_S = 70.0
 _JOB: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("vgen_sampling_job", default=None)

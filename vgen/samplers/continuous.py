@@ -18,9 +18,9 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.samplers.base import Options, Sampler, compile_value, option
 
-# compile=auto's cost model for the diffusion head (docs/compile.md, photos-car on the 2-core CPU): a compiled reverse
-# process (100 steps) saves about HEAD_SAVED_S_PER_CALL per token at batch 1 and 8 (40-50 ms measured), and one row
-# bucket of one head compiles in 30-39 s on an empty inductor cache (CSpD compiles two heads): HEAD_WARMUP_S.
+# compile=auto's cost model for the diffusion head: a compiled reverse process saves about HEAD_SAVED_S_PER_CALL
+# seconds per token, and one row bucket of one head compiles in about HEAD_WARMUP_S on an empty inductor cache (CSpD
+# compiles two heads). Their measurement is in docs/compile.md.
 HEAD_SAVED_S_PER_CALL = 0.04
 HEAD_WARMUP_S = 60.0
 

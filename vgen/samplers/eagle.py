@@ -2,7 +2,7 @@
 
 Each pass the target verifies ``window - 1`` drafts in one forward pass (the last decided token plus the drafts,
 at every sample's own positions) on the one verification core every speculative sampler shares
-(:func:`vgen.samplers.speculative.verify`), with the rule ``accept`` names:
+(:func:`vgen.kernels.verify.verify`), with the rule ``accept`` names:
 
 * ``exact`` (default): speculative sampling against the drafter's own distribution q, every token with AR's
   distribution. A chain is checked jointly by default (``verify=block``: block verification, Sun et al., ICLR
@@ -34,33 +34,35 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
-from vgen.kernels.neighbours import latent_neighbours
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
-from vgen.kernels.verify import gather_rows, guided_logits, window_target
+from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
 from vgen.models.drafter import Drafter, InferenceHead
 from vgen.samplers.base import job_shape, option, register_sampler
-from vgen.samplers.gsd import gsd_rule
-from vgen.samplers.lantern import lantern_rule
-from vgen.samplers.sjd import sjd_rule
-from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler, advance, timed_width, verify
+from vgen.samplers.spec.rules import BlockRule, GSDRuleOptions, LanternRuleOptions, TokenRule
+from vgen.samplers.spec.scheduler import SlotState, StepConfig, advance
+from vgen.samplers.spec.widths import timed_width
+from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 
 ACCEPT = ("exact", "lantern", "gsd")
 VERIFY = ("block", "token")
 CHILDREN = ("sample", "top")
 # The chain windows window=auto times (those <= max_window, and max_window itself): every width to 4, then 6 and 8
-# (a wide window pays when most drafts pass, e.g. under LANTERN's rule; at batch 1 with guidance a window of 8 is 16
-# rows, a shape this CPU's GEMM runs faster than 12 or 14: docs/benchmarks.md "Wide windows")
+# (a wide window pays when most drafts pass, e.g. under LANTERN's rule; docs/lab/benchmarks-log.md "Wide windows")
 TIMED_WINDOWS = (2, 3, 4, 6, 8)
 
 
 @dataclass
-class EagleOptions(SpeculativeOptions):
+class EagleOptions(GSDRuleOptions, LanternRuleOptions, SpeculativeOptions):
+    """The head's chain or tree, the rule (``accept``), and that rule's options (LANTERN's ``k``, ``delta``,
+    ``lam``; GSD's ``group_size``, ``p_threshold``, ``d_threshold``: used by their rule only)."""
     window: int | str = option("auto", "tokens per forward pass: the last decided one plus window-1 drafts from "
                                "the draft head; auto: the width (or AR's loop) with the most tokens per second, "
                                "timed once per model, device, settings and the job's batch size")
     max_window: int = option(8, "window=auto: the widest window it tries (it times 2, 3, 4, 6 and 8 up to this, and "
                              "this one)")
+    delta: float = option(0.2, "accept=lantern: total-variation budget per token (0.2: FID-photo within 5% of AR's "
+                          "on photos-gpt at 1.8x AR; the LANTERN paper's and the lantern sampler's default is 0.1)")
     accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
                          "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
     verify: str = option("block", "accept=exact with a chain: check the drafts jointly (block: block verification, "
@@ -72,21 +74,9 @@ class EagleOptions(SpeculativeOptions):
                        "window runs the tree every pass")
     children: str = option("sample", "tree: how a node's children are proposed: sample (i.i.d. draws from the head) "
                            "or top (the head's most likely tokens)", choices=CHILDREN)
-    k: int = option(1000, "accept=lantern: latent neighbours per token")
-    delta: float = option(0.2, "accept=lantern: total-variation budget per token (0.2: FID-photo within 5% of AR's "
-                          "on photos-gpt at 1.8x AR; the LANTERN paper's and the lantern sampler's default is 0.1)")
-    lam: float = option(0.0, "accept=lantern: LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
-    group_size: int = option(25, "accept=gsd: tokens around the draft in the target's ranking")
-    p_threshold: float = option(0.15, "accept=gsd: keep group members with |p(y) - p(x)| below this")
-    d_threshold: float = option(0.5, "accept=gsd: ... and squared codebook distance to the draft below this")
-    couplings = ("independent",)
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
-        if not 0.0 <= self.delta <= 1.0:
-            raise VGenError(f"delta must be in [0, 1], got {self.delta}")
-        if self.k < 1 or self.group_size < 1:
-            raise VGenError("k and group_size must be >= 1")
         if self.tree:
             parse_tree(self.tree)
 
@@ -161,16 +151,12 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
                                          model.vocab_size)
 
 
-def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
-               grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
-               top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
-               coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None,
-               block: bool = False):
-    """One target pass of width W + verification (``block``: block verification, the exact rule only) + the head's
-    next drafts; the state is spec_step's (tokens[b, :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with
-    distributions qwin[b])."""
-    sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
-                    top_p=top_p)
+def chain_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, *, drafter: InferenceHead,
+               dcache) -> SlotState:
+    """One target pass of width W + verification with ``rule`` + the head's next chain of drafts; the state is the
+    scheduler's (tokens[b, :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b])."""
+    tokens, n, qwin, logp, smap, counts = s
+    L, D, cfg, sampling = c.L, c.D, c.cfg, c.sampling
     ar = torch.arange(W, device=n.device)
     widx = n[:, None] + ar
     idx = widx - 1  # the last decided token, then the drafts
@@ -179,12 +165,12 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     if cfg:
         inp, pos = torch.cat([inp, inp]), torch.cat([pos, pos])
     logits, h = model.decode_features(inp, pos, cache)
-    p = window_target(logits, widx, cfg, **sampling)  # (B, W, V)
-    ua, ur, _, uf = u.split([D, 1, D + 1, D], dim=1)
+    p = c.target(logits, widx)  # (B, W, V)
+    ua, ur, _, uf = c.uniforms(u)
     didx = widx[:, :-1]
     x = tokens.gather(1, didx)
-    # every sample checks all W - 1 drafts: eagle runs one width per job (EagleSampler._run), so wv == W
-    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule, rule_args, rule_kw, block=block)
+    # every sample checks all W - 1 drafts: eagle runs one width per job, so wv == W
+    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule)
     kk = k[:, None]
     tk = tok_k[:, None]
     cand = torch.cat([x, tk], 1).scatter_(1, kk, tk)  # past k: never read, rewritten below
@@ -205,7 +191,7 @@ def eagle_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, 
     f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, n < L, sampling)
     tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
     n, counts = advance(n, k, wv, L, counts)
-    return tokens, n, qwin, logp, smap, counts
+    return SlotState(tokens, n, qwin, logp, smap, counts)
 
 
 def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
@@ -252,16 +238,13 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
     return f, qn
 
 
-def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it, *, L: int, W: int, D: int,
-                    grid: tuple, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int,
-                    top_p: float, init: str, fresh_q: str, rule, rule_args: tuple, rule_kw: dict,
-                    coupling: str = "independent", gkeys=None, drafter: InferenceHead | None = None, dcache=None,
-                    tree: StaticTree | None = None, children: str = "sample"):
+def tree_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, *, drafter: InferenceHead,
+              dcache, tree: StaticTree, children: str = "sample") -> SlotState:
     """One tree pass: the target reads the last decided token and all N tree nodes (tokens[b, n[b]:n[b]+N], node
-    j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree, keeps the accepted path's cache
-    entries, and the head drafts the next tree."""
-    sampling = dict(cfg_scale=cfg_scale, cfg_interval=cfg_interval, temperature=temperature, top_k=top_k,
-                    top_p=top_p)
+    j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree with ``rule`` (token by token),
+    keeps the accepted path's cache entries, and the head drafts the next tree."""
+    tokens, n, qwin, logp, smap, counts = s
+    L, D, cfg, sampling = c.L, c.D, c.cfg, c.sampling
     B, N, Dm, dev = n.shape[0], tree.size, tree.depth_max, n.device
     nodes = torch.arange(1, N + 1, device=dev)
     base = model.cond_len + L
@@ -276,10 +259,9 @@ def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it
     cache.write_at(slot)
     logits, h = model.decode_features(inp, pos, cache, attn_mask=tree.target_mask(pos[:, 0], cache.slots))
     cache.write_at(None)
-    p = window_target(logits, tpos + 1, cfg, **sampling)  # (B, N + 1, V)
-    ua, ur, _, uf = u.split([D, 1, D + 1, D], dim=1)
-    path, k, tok = tree_verify(tree, p, qwin[:, :N], x, tpos[:, 1:] < L, ua[:, :N], ur[:, 0], rule, rule_args,
-                               rule_kw)
+    p = c.target(logits, tpos + 1)  # (B, N + 1, V)
+    ua, ur, _, uf = c.uniforms(u)
+    path, k, tok = tree_verify(tree, p, qwin[:, :N], x, tpos[:, 1:] < L, ua[:, :N], ur[:, 0], rule)
     ar = torch.arange(Dm + 1, device=dev)
     pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
     ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
@@ -306,7 +288,7 @@ def eagle_tree_step(model, cache, tokens, n, wv, qwin, logp, smap, counts, u, it
     f, qn = draft_tree(model, drafter, dcache, tree, g, nxt, uf, L, cfg, sampling, children)
     tokens = tokens.scatter(1, nxt[:, None] + nodes - 1, f)
     n, counts = advance(n, k, torch.full_like(n, Dm + 1), L, counts)
-    return tokens, n, qn, logp, smap, counts
+    return SlotState(tokens, n, qn, logp, smap, counts)
 
 
 def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
@@ -322,6 +304,75 @@ def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
     reached = [int((per_pass > d + 1).sum()) for d in range(depth)]
     return [r / passes if passes else 0.0 for r in reached]
 
+class HeadChain:
+    """The draft head's chain (:class:`~vgen.samplers.spec.scheduler.DraftSource`): after each target pass the head
+    catches up on the pass's hidden states and drafts ``window - 1`` tokens, each from its own distribution."""
+    step_fn = staticmethod(chain_step)
+
+    def __init__(self, model, config: StepConfig, head: InferenceHead, children: str, slots: int):
+        self.config, self.head, self.children = config, head, children
+        self.step_args = {"drafter": head, "dcache": self.head_cache(model, 2 * slots if config.cfg else slots)}
+
+    def head_cache(self, model, rows: int):
+        return self.head.new_cache(model, rows)
+
+    def new_cache(self, model, rows: int):
+        return model.new_cache(rows)
+
+    def prefill(self, model, cond_in, cache):
+        logits, h = model.prefill_features(cond_in, cache)
+        return logits[:, None], h[:, None]
+
+    def feed(self, model, x, pos, cache):
+        return model.decode_features(x, pos, cache)
+
+    def fill(self, slot: int, seed: int) -> None:
+        pass
+
+    def first_token(self, p0, u, index: int):
+        return sample_from_probs(p0, u)
+
+    def first_drafts(self, model, tokens, first, p0, uf, feats, refilled):
+        """The head catches up on slots 0..P of the refilled rows (the prefill's hidden states and the given and
+        first tokens), then drafts; the other rows write to the junk slot."""
+        L, P, c = model.seq_len, int(first[0]), self.config
+        drafter, dcache = self.step_args["drafter"], self.step_args["dcache"]
+        pos = model.cond_len + torch.arange(P + 1, device=tokens.device).expand(tokens.shape[0], -1)
+        pos = torch.where(refilled[:, None], pos, model.cond_len + L - 1)
+        x = tokens[:, :P + 1]
+        if c.cfg:
+            x, pos = torch.cat([x, x]), torch.cat([pos, pos])
+        if dcache is not None:
+            dcache.limit(None)
+        g = drafter(model, feats, x, pos, dcache)[:, -1:]
+        return self.drafts(model, g, first + 1, uf, refilled)
+
+    def drafts(self, model, g, nxt, uf, refilled):
+        return draft_chain(model, self.head, self.step_args["dcache"], g, nxt, uf, model.seq_len, self.config.cfg,
+                           refilled, self.config.sampling)
+
+
+class HeadTree(HeadChain):
+    """The draft head's static tree (:mod:`vgen.kernels.tree`): the target verifies every node in one pass, with
+    scratch slots past the sequence in both caches."""
+    step_fn = staticmethod(tree_step)
+
+    def __init__(self, model, config: StepConfig, head: InferenceHead, children: str, slots: int, tree: StaticTree):
+        self.tree = tree
+        super().__init__(model, config, head, children, slots)
+        self.step_args.update(tree=tree, children=children)
+
+    def head_cache(self, model, rows: int):
+        return self.head.new_cache(model, rows, extra=self.tree.size)
+
+    def new_cache(self, model, rows: int):
+        return model.new_cache(rows, max_len=model.cond_len + model.seq_len + self.tree.size)  # + scratch slots
+
+    def drafts(self, model, g, nxt, uf, refilled):  # rows not refilled draft into their own scratch slots
+        return draft_tree(model, self.head, self.step_args["dcache"], self.tree, g, nxt, uf, model.seq_len,
+                          self.config.cfg, self.config.sampling, self.children)
+
+
 @register_sampler
 class EagleSampler(SpeculativeSampler):
     """``sampler=eagle``: a trained draft head proposes, the target verifies (exact by default)."""
@@ -329,24 +380,25 @@ class EagleSampler(SpeculativeSampler):
     Options = EagleOptions
     needs_draft = True
     draft_kind = "head"
-    _drafter = _tree = None  # set for one run
 
     @property
     def needs_codebook(self) -> bool:
         return self.options.accept in ("lantern", "gsd")
 
-    @property
-    def rule(self):
-        return {"exact": sjd_rule, "lantern": lantern_rule, "gsd": gsd_rule}[self.options.accept]
-
-    def rule_inputs(self, model, codebook):
+    def acceptance(self, model, codebook):
         o = self.options
         if o.accept == "lantern":
-            return (latent_neighbours(codebook, o.k),), dict(delta=o.delta, lam=o.lam)
+            return o.lantern_rule(codebook)
         if o.accept == "gsd":
-            return (codebook.float(),), dict(group_size=o.group_size, p_threshold=o.p_threshold,
-                                             d_threshold=o.d_threshold)
-        return (), {}
+            return o.gsd_rule(codebook)
+        return BlockRule() if o.verify == "block" and not o.tree else TokenRule()
+
+    def draft_source(self, model, config: StepConfig, slots: int, draft=None):
+        o = self.options
+        if o.tree:
+            return HeadTree(model, config, draft, o.children, slots, StaticTree.build(parse_tree(o.tree),
+                                                                                       next(model.parameters()).device))
+        return HeadChain(model, config, draft, o.children, slots)
 
     def check_draft(self, model, draft):
         if not isinstance(draft, Drafter):
@@ -355,13 +407,12 @@ class EagleSampler(SpeculativeSampler):
         draft.check_target(model)
         return draft.inference(model)  # the head's few-op path, built once per call (timed widths included)
 
-    @property
-    def step_fn(self):
-        return eagle_tree_step if self.options.tree else eagle_step
-
     def tree_window(self) -> int | None:
         """With a tree: the base's window (the tree's nodes plus the last decided token)."""
         return len(parse_tree(self.options.tree)) + 1 if self.options.tree else None
+
+    def timing_ident(self, draft) -> tuple:
+        return (draft.drafter.digest(),)
 
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
         o = self.options
@@ -369,20 +420,20 @@ class EagleSampler(SpeculativeSampler):
         if o.window == "auto" or (tree_window and o.window != tree_window):  # one width for the job, or AR's loop
             samples, job_batch = job_shape(cond.shape[0], batch_size)
             b = min(samples, job_batch)
-            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.fixed(w)._run(
-                model, c, s, False, b, codebook=codebook, draft=draft), ident=(draft.drafter.digest(),)) \
+            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.run_width(
+                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft)) \
                 if o.window == "auto" else tree_window
             if w == 1:
-                return self._plain_ar(model, cond, seeds, progress, batch_size, prefix)
-            return self.fixed(w)._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix,
-                                      draft=draft)
-        tree = StaticTree.build(parse_tree(o.tree), cond.device) if o.tree else None
-        self._drafter, self._tree = draft, tree
-        try:
-            tokens, stats = super()._run(model, cond, seeds, progress, batch_size, codebook=codebook, prefix=prefix)
-        finally:
-            self._drafter = self._tree = None
-        stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], tree.depth_max if tree else o.window - 1)
+                return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
+            return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
+        return self.decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+
+    def decode(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None, width=None):
+        """The scheduler's run, plus the fraction of passes whose drafts were accepted to each depth."""
+        tokens, stats = super().decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft, width)
+        o = self.options
+        depth = StaticTree.build(parse_tree(o.tree), "cpu").depth_max if o.tree else o.window - 1
+        stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], depth)
         return tokens, stats
 
     def timed_widths(self) -> list[int]:
@@ -390,45 +441,3 @@ class EagleSampler(SpeculativeSampler):
             return [self.tree_window()]
         m = self.options.max_window
         return sorted({w for w in TIMED_WINDOWS if w <= m} | {m})
-
-    def step_kwargs(self, model, rows: int) -> dict:
-        head = self._drafter
-        if self._tree is None:
-            o = self.options
-            return {"drafter": head, "dcache": head.new_cache(model, rows),
-                    "block": o.accept == "exact" and o.verify == "block"}
-        return {"drafter": head, "dcache": head.new_cache(model, rows, extra=self._tree.size),
-                "tree": self._tree, "children": self.options.children}
-
-    def new_cache(self, model, rows: int):
-        if self._tree is None:
-            return model.new_cache(rows)
-        return model.new_cache(rows, max_len=model.cond_len + model.seq_len + self._tree.size)  # + scratch slots
-
-    def prefill_pass(self, model, cond_in, cache):
-        logits, h = model.prefill_features(cond_in, cache)
-        return logits[:, None], h[:, None]
-
-    def decode_pass(self, model, x, pos, cache):
-        return model.decode_features(x, pos, cache)
-
-    def first_drafts(self, model, tokens, first, p0, uf, feats, refilled, kw):
-        """The head catches up on slots 0..P of the refilled rows (the prefill's hidden states and the given and
-        first tokens), then drafts; the other rows write to the junk slot."""
-        o = self.options
-        L, P = model.seq_len, int(first[0])
-        cfg = feats.shape[0] == 2 * tokens.shape[0]
-        drafter, dcache = kw["drafter"], kw["dcache"]
-        pos = model.cond_len + torch.arange(P + 1, device=tokens.device).expand(tokens.shape[0], -1)
-        pos = torch.where(refilled[:, None], pos, model.cond_len + L - 1)
-        x = tokens[:, :P + 1]
-        if cfg:
-            x, pos = torch.cat([x, x]), torch.cat([pos, pos])
-        if dcache is not None:
-            dcache.limit(None)
-        g = drafter(model, feats, x, pos, dcache)[:, -1:]
-        sampling = dict(cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval, temperature=o.temperature,
-                        top_k=o.top_k, top_p=o.top_p)
-        if "tree" in kw:  # rows not refilled draft into their own scratch slots: nothing they keep
-            return draft_tree(model, drafter, dcache, kw["tree"], g, first + 1, uf, L, cfg, sampling, o.children)
-        return draft_chain(model, drafter, dcache, g, first + 1, uf, L, cfg, refilled, sampling)

@@ -18,48 +18,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from vgen.errors import VGenError
-from vgen.kernels.neighbours import latent_neighbours
-from vgen.interfaces import ModelSpec
-from vgen.samplers.base import option, register_sampler
-from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
+from vgen.samplers.base import register_sampler
+from vgen.samplers.spec.rules import LanternRuleOptions
+from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
 
 
 @dataclass
-class LanternOptions(SpeculativeOptions):
-    k: int = option(1000, "latent neighbours per token (clipped to vocab_size - 1)")
-    delta: float = option(0.1, "total-variation budget per token (0 = exact SJD)")
-    lam: float = option(0.0, "LANTERN++ cap p~(x) <= lam * p(x) (0 = off)")
-
-    def validate(self, spec: ModelSpec | None = None) -> None:
-        super().validate(spec)
-        if self.k < 1:
-            raise VGenError(f"k must be >= 1, got {self.k}")
-        if not 0.0 <= self.delta <= 1.0:
-            raise VGenError(f"delta must be in [0, 1] (0 = exact SJD), got {self.delta}")
-        if self.lam != 0 and self.lam < 1:
-            raise VGenError(f"lam must be 0 (off) or >= 1, got {self.lam}")
-
-
-def lantern_rule(p, q, x, px, qx, nbr, *, delta: float, lam: float):
-    cs = p.gather(-1, nbr[x].long()).cumsum(-1)  # (B, W-1, k): mass of the nearest 1, 2, ... neighbours
-    ok = cs <= delta
-    if lam > 0:
-        ok = ok & (cs <= (lam - 1.0) * px[..., None])
-    moved = (cs * ok).amax(-1)  # cs is non-decreasing, so ok is a prefix: its last value
-    e = torch.minimum(moved, delta * qx)
-    return ((px + e) / qx.clamp_min(1e-30)).clamp_max(1.0)
+class LanternOptions(LanternRuleOptions, JacobiSpecOptions):
+    """Jacobi drafts' options and LANTERN's rule's."""
 
 
 @register_sampler
 class LanternSampler(SpeculativeSampler):
+    """Jacobi drafts checked by LANTERN's relaxed rule (:class:`~vgen.samplers.spec.rules.LanternRule`)."""
     name = "lantern"
     Options = LanternOptions
     needs_codebook = True
-    rule = staticmethod(lantern_rule)
 
-    def rule_inputs(self, model, codebook):
-        o = self.options
-        return (latent_neighbours(codebook, o.k),), dict(delta=o.delta, lam=o.lam)
+    def acceptance(self, model, codebook):
+        return self.options.lantern_rule(codebook)

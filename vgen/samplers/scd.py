@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vgen.samplers.base import option, register_sampler
-from vgen.samplers.sjd import sjd_rule
-from vgen.samplers.speculative import COUPLINGS, SpeculativeOptions, SpeculativeSampler
+from vgen.samplers.spec.jacobi import COUPLINGS
+from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
 
 
 @dataclass
-class SCDOptions(SpeculativeOptions):
+class SCDOptions(JacobiSpecOptions):
     coupling: str = option("gumbel", "gumbel (drafts and target share each position's Gumbel noise: the output is "
                            "ar's with draw=gumbel) or maximal (SJD with maximally coupled redraws)", choices=COUPLINGS)
     couplings = ("gumbel", "maximal")
@@ -41,7 +41,8 @@ class SCDOptions(SpeculativeOptions):
 
 @register_sampler
 class SCDSampler(SpeculativeSampler):
+    """Jacobi drafts with coupled redraws; the exact token rule for ``coupling=maximal`` (``gumbel`` checks drafts
+    by equality)."""
     name = "scd"
     Options = SCDOptions
-    rule = staticmethod(sjd_rule)  # coupling=maximal; gumbel checks drafts by equality
     width_rule = "job"  # coupled drafts gain with the passes they stay in a wide window: one width per job

@@ -10,15 +10,12 @@ distribution they were really drawn from (``fresh_q=onehot`` gives the official 
 from __future__ import annotations
 
 from vgen.samplers.base import register_sampler
-from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
-
-
-def sjd_rule(p, q, x, px, qx):
-    return (px / qx.clamp_min(1e-30)).clamp_max(1.0)
+from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
 
 
 @register_sampler
 class SJDSampler(SpeculativeSampler):
+    """Jacobi drafts (:class:`~vgen.samplers.spec.jacobi.JacobiDrafts`), the exact token rule
+    (:class:`~vgen.samplers.spec.rules.TokenRule`)."""
     name = "sjd"
-    Options = SpeculativeOptions
-    rule = staticmethod(sjd_rule)
+    Options = JacobiSpecOptions

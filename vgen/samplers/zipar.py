@@ -17,7 +17,7 @@ Two differences from the official LlamaGen-ZipAR code: its attention reads every
 and it decodes the whole first row before row 1 starts (W - window more passes), here row 1 starts like any other.
 
 It changes the distribution (a token is drawn before the end of the row above it is known): drift is reported
-as nll against AR's, FID-photo in docs/benchmarks.md. Token i of sample j draws with uniform u[j, i] from seed
+as nll against AR's, FID-photo in docs/lab/benchmarks-log.md. Token i of sample j draws with uniform u[j, i] from seed
 j, as in AR, so a sample is the same in any batch. Not composed with the speculative samplers (each row could
 run its own Jacobi window, verified against ZipAR's conditionals: not built).
 """

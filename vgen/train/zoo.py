@@ -32,7 +32,7 @@ import torch
 from vgen.data import CLASS_NAMES, NUM_CLASSES
 from vgen.io import atomic_write_json, make_grid, save_png, save_safetensors
 
-# init: the best speculative drafts measured on this CPU (docs/benchmarks.md); the window is the samplers' own
+# init: the speculative drafts that accepted most (docs/lab/benchmarks-log.md); the window is the samplers' own
 # default (auto: cost-aware). Samplers ignore the keys they do not take.
 DEFAULT_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "init": "vertical"}
 

@@ -1,0 +1,259 @@
+"""``window=auto``: how wide a speculative pass should be, from what passes cost on this machine and how many
+tokens they decide.
+
+Three rules (a sampler picks one):
+
+* timed (the default): AR's loop and a few fixed widths are timed whole, in paired rounds, once per model, device,
+  settings and batch (:func:`timed_width`); the width that beat AR's loop runs for the whole job, or AR's loop;
+* per pass, from given relative pass costs (``costs=``): each sample's width before every pass from those costs
+  and the acceptance it observes (:class:`WidthPolicy`): batch- and machine-invariant;
+* per job (``scd``): one width from measured pass costs (:func:`pass_costs`) and calibrated tokens per pass
+  (:func:`pass_tokens`, :func:`best_job_width`).
+
+Every measurement is cached on disk under ``$VGEN_CACHE`` (:func:`width_table`).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from vgen.errors import VGenError
+from vgen.kernels.gumbel import gumbel_keys
+from vgen.samplers.spec.scheduler import SlotState, StepConfig
+
+
+def parse_costs(text: str) -> dict[int, float]:
+    """``'1:1,2:1.3,4:1.8'`` -> {1: 1.0, 2: 1.3, 4: 1.8} (width: relative cost of one pass); width 1 required."""
+    try:
+        out = {int(w): float(c) for w, c in (item.split(":") for item in text.split(",") if item.strip())}
+    except ValueError:
+        out = {}
+    if 1 not in out or any(w < 1 or not 0 < c < float("inf") for w, c in out.items()):
+        raise VGenError(f"costs must look like '1:1,2:1.3,4:1.8' (width:relative cost, positive, width 1 included), "
+                        f"got {text!r}")
+    return out
+
+
+def expected_tokens(alpha: float, width: int, left: int) -> float:
+    """Tokens one pass decides when each draft passes with probability ``alpha`` (the first rejection ends the
+    run; the corrected or bonus token counts): 1 + alpha + ... + alpha^(w-1), at most ``left``."""
+    w = max(1, min(width, left))
+    return float(w) if alpha >= 1 else (1 - alpha ** w) / (1 - alpha)
+
+
+def best_width(costs: dict[int, float], alpha: float, left: int, batch: int = 1) -> int:
+    """The width with the most expected tokens per unit of one sample's cost. ``costs`` are those of a pass of
+    ``batch`` samples; a pass is as wide as its widest sample, so a sample that widens alone pays the whole extra
+    cost: its cost at width w is its share of a plain pass plus that extra, costs[1] / batch + costs[w] - costs[1]
+    (at batch 1, the pass's cost). The rule never looks at the other samples: a sample's widths, and so its
+    tokens, do not depend on which samples share its batch."""
+    def own(w: int) -> float:
+        return costs[1] / batch + costs[w] - costs[1]
+    return max(sorted(costs), key=lambda w: expected_tokens(alpha, w, left) / own(w))
+
+
+
+# The widths window=auto measures and chooses from with given pass costs: each is one compiled graph per
+# attention-length bucket, so few.
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+def can_pay(costs: dict[int, float], batch: int = 1) -> bool:
+    """Whether any width beats a plain step when every draft is accepted (W tokens for a sample's own cost of a
+    width-W pass, :func:`best_width`'s rule): if none does, no acceptance ever makes speculation pay."""
+    return best_width(costs, 1.0, max(costs) + 1, batch) > 1
+
+
+def width_table(file: str, ident: list):
+    """A per-width table cached in ``$VGEN_CACHE/<file>`` under the hash of ``ident``: (path, the whole file, this
+    table's key, its known {width: value})."""
+    import hashlib
+    import json
+
+    from vgen.io import cache_dir
+    name = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache_dir() / file
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    return path, table, name, {int(w): v for w, v in table.get(name, {}).items()}
+
+
+# A width must promise this much over a plain step before a job leaves AR's loop: the calibration is a few
+# samples, and the cost table (the step alone) misses the loop's own work per pass, which grows with the batch
+# (measured in docs/lab/benchmarks-log.md, "Coupled drafts").
+JOB_MARGIN = 1.3
+
+
+def best_job_width(costs: dict[int, float], tokens: dict[int, float], margin: float = JOB_MARGIN) -> int:
+    """One width for every sample and pass of a job: the most tokens per second, ``tokens[w] / costs[w]`` (tokens
+    per pass of a sample at fixed width w, every sample of the batch advancing together), if it beats a plain
+    step's 1 / costs[1] by ``margin``; else 1 (a plain step)."""
+    w = max(sorted(costs), key=lambda w: (1.0 if w == 1 else tokens[w]) / costs[w])
+    return w if w == 1 or tokens[w] / costs[w] >= margin / costs[1] else 1
+
+
+CALIBRATION_SAMPLES = 8  # one batch, classes spread over the model's (i * classes // 8), seeds 2^62 + i
+
+
+def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, float]:
+    """Tokens per pass of ``sampler`` at each fixed width in ``widths``, from ``CALIBRATION_SAMPLES`` samples of its
+    own in one batch (fixed classes and seeds, so every job and call gets the same table): measured once per model
+    and settings and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table
+    is the same on every machine (up to float rounding)."""
+    import dataclasses
+
+    from vgen.io import atomic_write_json
+    o = sampler.options
+    settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
+                                                                 settings, CALIBRATION_SAMPLES, "spread"])
+    missing = [w for w in widths if w not in known]
+    if missing:
+        k = CALIBRATION_SAMPLES
+        cond = torch.tensor([i * model.num_classes // k for i in range(k)], device=w0.device)
+        seeds = [2 ** 62 + i for i in range(k)]
+        for w in missing:
+            with torch.inference_mode():
+                _, st = sampler.run_width(w, model, cond, seeds, k, codebook=codebook)
+            known[w] = float(st["accepted_per_step"])
+        table[name] = {str(w): t for w, t in sorted(known.items())}
+        atomic_write_json(path, table)
+    return {w: known[w] for w in widths}
+
+
+# window=auto (the timed rule) leaves AR's loop only for a width that beats it in paired timings: each round times
+# AR's loop and every width back to back, so a slow spell of the machine hits both sides of a ratio. The width with
+# the best median ratio runs if that median is at least ``TIMED_MARGIN`` and no round had it below ``TIMED_FLOOR``:
+# whole runs move more between runs than widths differ from AR's loop where speculation barely pays, so a single
+# timing per side can pick a width that then runs slower (docs/lab/benchmarks-log.md, "Timed widths")
+TIMED_MARGIN = 1.1
+TIMED_FLOOR = 1.0
+TIMED_ROUNDS = 3
+TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
+
+
+def timed_choice(speeds: dict[int, list[float]]) -> int:
+    """The timed rule's decision from tokens per second per round (``speeds[1]``: AR's loop; round r of every width
+    was timed next to round r of AR's): among the widths whose ratio to AR's loop never fell below
+    ``TIMED_FLOOR``, the one with the highest median ratio, if that median is >= ``TIMED_MARGIN``; else 1."""
+    ar = speeds[1]
+    ratios = {w: [s / a for s, a in zip(v, ar)] for w, v in speeds.items() if w != 1}
+    ratios = {w: r for w, r in ratios.items() if min(r) >= TIMED_FLOOR}
+    if not ratios:
+        return 1
+    w = max(sorted(ratios), key=lambda w: statistics.median(ratios[w]))
+    return w if statistics.median(ratios[w]) >= TIMED_MARGIN else 1
+
+
+def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = ()) -> int:
+    """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler.plain_ar``) and
+    ``run(w, cond, seeds)`` (the sampler at fixed width w, ``batch`` samples per pass) for each of ``widths`` are
+    timed whole -- target passes, verification, drafting and the loop's host work -- on ``max(TIMED_SAMPLES,
+    batch)`` samples of fixed classes and seeds, in ``TIMED_ROUNDS`` interleaved rounds (compiled runs get one
+    untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
+    ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
+    threads, torch version, settings and batch; :func:`timed_choice` decides."""
+    import dataclasses
+
+    from vgen.io import atomic_write_json
+    o = sampler.options
+    settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("spec_speed.json", [
+        sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
+        torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS])
+    if not all(w in known for w in [1] + widths):
+        k = max(TIMED_SAMPLES, batch)
+        cond = torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=w0.device)
+        seeds = [2 ** 62 + i for i in range(k)]
+        runs = [(1, lambda c, s: sampler.plain_ar(model, c, s, False, batch))]
+        runs += [(w, lambda c, s, w=w: run(w, c, s)) for w in widths]
+        speeds = {w: [] for w, _ in runs}
+        with torch.inference_mode():
+            if o.compile:
+                for _, go in runs:
+                    go(cond[:batch], seeds[:batch])
+            for _ in range(TIMED_ROUNDS):
+                for w, go in runs:
+                    t0 = time.perf_counter()
+                    go(cond, seeds)
+                    speeds[w].append(k * model.seq_len / (time.perf_counter() - t0))
+        known.update(speeds)
+        table[name] = {str(w): v for w, v in sorted(known.items())}
+        atomic_write_json(path, table)
+    return timed_choice({w: known[w] for w in [1] + widths})
+
+
+class WidthPolicy:
+    """Cost-aware window: before each pass, the width with the most expected tokens per unit of cost, from the
+    pass costs and a running estimate of the per-draft acceptance (decayed sums of accepted and checked drafts
+    plus a prior worth ``WEIGHT`` drafts; with nothing observed, e.g. at width 1, the estimate drifts back to the
+    prior, so the sampler probes speculation again). The width depends only on past passes, so every pass is an
+    exact speculative step and the sampler stays exact. One policy per sample, fed by that sample's passes only."""
+    PRIOR, WEIGHT, DECAY = 0.4, 2.0, 0.9
+
+    def __init__(self, costs: dict[int, float], batch: int = 1):
+        self.costs, self.batch, self.accepted, self.checked = costs, batch, 0.0, 0.0
+
+    @property
+    def alpha(self) -> float:
+        return (self.accepted + self.PRIOR * self.WEIGHT) / (self.checked + self.WEIGHT)
+
+    def observe(self, accepted: int, checked: int) -> None:
+        self.accepted = self.DECAY * self.accepted + accepted
+        self.checked = self.DECAY * self.checked + checked
+
+    def width(self, left: int) -> int:
+        return best_width(self.costs, self.alpha, left, self.batch)
+
+
+def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: list[int], key: tuple,
+               batch: int = 1, repeats: int = 7) -> dict[int, float]:
+    """Seconds per pass of ``step`` (a draft source's step function, compiled or not, with its ``step_args`` and
+    the run's ``config`` and ``rule``) at each width for ``batch`` samples, for this model (architecture, dtype,
+    device), thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a
+    warm-up call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. A wide pass costs more
+    against AR's step at a larger batch (more rows, less per-op overhead to hide them), so the batch is the job's
+    (:func:`vgen.samplers.base.job_shape`): every call and rank of one job uses one table and draws the same
+    widths."""
+    S = batch
+    from vgen.io import atomic_write_json
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("pass_costs.json", [
+        model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(), torch.__version__,
+        [str(k) for k in key], config.cfg, config.D])
+    if all(w in known for w in widths):
+        return known
+    L, D, dev, V = config.L, config.D, w0.device, model.vocab_size
+    rows = 2 * S if config.cfg else S
+    cache = model.new_cache(rows)
+    cache.limit(None)
+    model.prefill(torch.zeros(rows, dtype=torch.long, device=dev), cache)
+    n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
+    state = SlotState(torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev), n,
+                      torch.full((S, D, V), 1.0 / V, device=dev), torch.zeros((S, L + 2 * D + 2), device=dev),
+                      torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev),
+                      torch.zeros((S, 3), dtype=torch.long, device=dev))
+    u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
+    if step_args.get("gkeys") is not None:  # Gumbel coupling: keys for this measurement's own batch
+        step_args = {**step_args, "gkeys": gumbel_keys(range(S), L + 2 * D + 2, dev)}
+    it = torch.tensor(1, device=dev)
+    seen = model.cond_len + L // 2 + max(widths)
+    times = {w: [] for w in widths}
+    for r in range(repeats + 1):
+        for w in widths:
+            cache.limit(cache.bucket(seen))
+            t0 = time.perf_counter()
+            out = step(model, cache, state, torch.full_like(n, w), u, it, w, config, rule, **step_args)
+            out.n.tolist()  # wait for the device
+            if r:
+                times[w].append(time.perf_counter() - t0)
+    costs = {w: sorted(t)[len(t) // 2] for w, t in times.items()}
+    table[name] = {**{str(w): c for w, c in known.items()}, **{str(w): c for w, c in costs.items()}}
+    atomic_write_json(path, table)
+    return {**known, **costs}
