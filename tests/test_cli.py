@@ -66,7 +66,7 @@ def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["model=nope"], "unknown model 'nope'; available: photos-gpt"),
+    (["model=nope"], "unknown model 'nope'; available: photos-car, photos-car-draft, photos-gpt"),
     (["sampler=nope"], "unknown sampler 'nope'; available: ar"),
     (["labels=[99]"], "class id 99 out of range"),
     (["sampler.temperature=-1"], "temperature must be >= 0"),
@@ -91,6 +91,64 @@ def test_bad_input_one_line_error(tiny_pipeline, tmp_path, args, msg, capsys):
     assert msg in err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "x" / "stats.json").exists()
+
+
+# the zoo's pipelines (vgen/zoo/*/pipeline.json): every one a `model=` choice, with no YAML in vgen/configs/model
+ZOO_PIPELINES = ["photos-car", "photos-car-draft", "photos-gpt", "photos-mar", "photos-nar", "photos-var",
+                 "photos-video-gpt", "photos-video-nar"]
+
+
+def test_the_model_group_is_the_zoo():
+    """The ``model`` config group is generated from the zoo: its choices are exactly the zoo's pipelines, and
+    every command that takes a model composes with each (name set, path null)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from vgen import list_models
+    from vgen.configs import register
+    assert set(ZOO_PIPELINES) <= set(list_models())
+    register()
+    with initialize_config_module("vgen.configs", version_base="1.3"):
+        assert GlobalHydra.instance().config_loader().get_group_options("model") == list_models()
+        for name in list_models():
+            for command in ("sample", "demo", "scalekv"):
+                cfg = compose(command, overrides=[f"model={name}"])
+                assert (cfg.model.name, cfg.model.path) == (name, None), (command, name)
+        cfg = compose("sample", overrides=["model.path=vgen/zoo/photos-mar"])
+        assert (cfg.model.name, cfg.model.path) == ("photos-gpt", "vgen/zoo/photos-mar")
+
+
+def test_unknown_model_lists_the_whole_zoo(capsys):
+    from vgen import list_models
+    for command in ("sample", "demo", "bench", "scalekv"):
+        err = main_error([command, "model=nope", "--cfg", "job"], capsys)
+        assert err == (f"vgen {command}: error: unknown model 'nope'; available: {', '.join(list_models())} "
+                       "(or model.path=<folder with pipeline.json>)")
+
+
+def test_model_choice_of_bench_and_train(capsys):
+    """`vgen bench model=<name>` (or model.path=) benchmarks that one model; `vgen train recipe=drafter
+    model=<name>` sets the recipe's target pipeline."""
+    from vgen.cli import main
+    main(["bench", "model=photos-video-nar", "--cfg", "job"])
+    assert "models:\n- photos-video-nar\n" in capsys.readouterr().out
+    main(["bench", "model.path=vgen/zoo/photos-mar", "--cfg", "job"])
+    assert "models:\n- vgen/zoo/photos-mar\n" in capsys.readouterr().out
+    err = main_error(["bench", "model=photos-var", "models=[photos-gpt]", "--cfg", "job"], capsys)
+    assert "model=photos-var and models=[photos-gpt] name the models more than once" in err
+    main(["train", "recipe=drafter", "model=photos-car", "--cfg", "job"])
+    assert "model: photos-car\n" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sample_a_zoo_model_the_yaml_group_lacked(tmp_path, capsys):
+    """photos-video-nar was reachable only through model.path= before the group came from the zoo."""
+    from vgen.cli import main
+    out = tmp_path / "out"
+    main(["sample", "model=photos-video-nar", "num_samples=1", f"outdir={out}", "progress=false"])
+    st = json.loads((out / "stats.json").read_text())
+    assert st["model"] == "photos-video-nar" and st["num_samples"] == 1
+    assert (out / "000000.mp4").stat().st_size > 0 and (out / "000000.gif").exists()
 
 
 def main_error(args, capsys) -> str:

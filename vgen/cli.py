@@ -34,10 +34,16 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+GENERATED_GROUPS = ("model", "sampler")  # config groups vgen.configs generates (from the zoo, from the registry)
+
+
 def _group_options(group: str) -> list[str]:
     if group == "sampler":  # generated from the registry (vgen.configs)
         from vgen.samplers import list_samplers
         return list_samplers(include_hidden=True)
+    if group == "model":  # generated from the zoo (vgen.configs)
+        from vgen.pipeline import list_models
+        return list_models()
     from pathlib import Path
     d = Path(__file__).parent / "configs" / group
     return sorted(p.stem for p in d.glob("*.yaml"))
@@ -62,12 +68,29 @@ def _precheck(overrides: list[str], command: str = "sample") -> None:
                     raise VGenError(f"unknown {key} {v!r}; available: {', '.join(valid)}{extra}")
 
 
+def _bench_models(overrides: list[str]) -> list[str]:
+    """``vgen bench model=photos-var`` (or ``model.path=<folder>``), as every other command takes a model: the
+    bench's ``models`` list of that one model (``model=a,b``: of those)."""
+    out, named = [], []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        if sep and key.lstrip("+~") in ("model", "model.path", "models"):
+            named.append(o)
+        if sep and key in ("model", "model.path") and "(" not in value:
+            o = f"models=[{value}]"
+        out.append(o)
+    if len(named) > 1:
+        raise VGenError(f"{' and '.join(named)} name the models more than once: give model=<name> (or "
+                        "model.path=<folder>) for one model, models=[a,b] for several")
+    return out
+
+
 def _is_group(key: str) -> bool:
     """Whether '+' may add ``key``: a config group (``+experiment=...``, ``+hydra/launcher=...``) or one of Hydra's
     own settings (``+hydra.job.env_set.X=1``); every key vgen reads is already in its config."""
     from pathlib import Path
     top = key.split("/")[0].split(".")[0]
-    group = "." not in key and (top == "sampler" or (Path(__file__).parent / "configs" / top).is_dir())
+    group = "." not in key and (top in GENERATED_GROUPS or (Path(__file__).parent / "configs" / top).is_dir())
     return top == "hydra" or group
 
 
@@ -132,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
         rest = [f"recipe.{o}" if o.startswith("model=") else o for o in rest]
     try:
         _precheck(rest, command)
+        if command == "bench":
+            rest = _bench_models(rest)
     except VGenError as e:
         print(f"vgen {command}: error: {e}", file=sys.stderr)
         sys.exit(2)

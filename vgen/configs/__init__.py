@@ -1,9 +1,14 @@
 """Hydra configs shipped in the package (``pkg://vgen.configs``) and their structured schemas.
 
-The ``sampler`` config group is generated from the sampler registry: one entry per sampler, its fields the
-sampler's ``Options`` (and their aliases), every one optional (``null`` means "the model card's recommendation,
-else the sampler default"). A new sampler therefore gets its validated ``sampler=<name>`` entry without touching
-this file, and the config cannot drift from the options dataclass. ``vgen sample sampler=sjd --cfg job`` shows one.
+Two config groups are generated instead of written as YAML:
+
+- ``sampler``, from the sampler registry: one entry per sampler, its fields the sampler's ``Options`` (and their
+  aliases), every one optional (``null`` means "the model card's recommendation, else the sampler default"). A new
+  sampler therefore gets its validated ``sampler=<name>`` entry without touching this file, and the config cannot
+  drift from the options dataclass. ``vgen sample sampler=sjd --cfg job`` shows one.
+- ``model``, from the zoo: one entry per pipeline in ``vgen/zoo/`` (``name`` the zoo name, ``path`` null), so a new
+  zoo pipeline is a ``model=<name>`` choice of every command without a YAML. Per-model settings (the recommended
+  sampler options, the draft model, the plain sampler) live in the pipeline card, not in the config.
 """
 from __future__ import annotations
 
@@ -75,6 +80,7 @@ def chosen_on_command_line(key: str) -> bool:
 
 @dataclass
 class ModelSchema:
+    """The ``model=<zoo name>`` config node (one per zoo pipeline: ``register``)."""
     name: str = "photos-gpt"
     path: Optional[str] = None  # a local folder with pipeline.json overrides the zoo name
 
@@ -98,8 +104,7 @@ class SampleSchema:
 
 @dataclass
 class BenchSchema:
-    model: Any = None
-    models: list[str] = field(default_factory=lambda: ["photos-gpt"])
+    models: list[str] = field(default_factory=lambda: ["photos-gpt"])  # `vgen bench model=<name>` sets one (vgen.cli)
     samplers: list[str] = field(default_factory=lambda: ["ar"])  # "name" or "name:key=value,key=value"
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
     num_samples: int = 8  # images per cell and repeat, generated in batches of batch_size
@@ -172,6 +177,7 @@ class TrainSchema:
 
 
 def register() -> None:
+    from vgen.pipeline import list_models
     from vgen.samplers import list_samplers, sampler_classes
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
@@ -184,7 +190,8 @@ def register() -> None:
     cs.store(name="eval_schema", node=EvalSchema)
     cs.store(name="demo_schema", node=DemoSchema)
     cs.store(name="scalekv_schema", node=ScaleKVSchema)
-    cs.store(group="vgen_schema", name="model", node=ModelSchema)
+    for name in list_models():
+        cs.store(group="model", name=name, node=ModelSchema(name=name))
     for name in list_samplers(include_hidden=True):
         cs.store(group="sampler", name=name, node=sampler_schema(*sampler_classes(name)))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
