@@ -186,7 +186,7 @@ def test_draft_mismatches_are_one_line_errors_before_weights_load(pipes, tmp_pat
 
 def test_mar_pipeline_uses_its_own_sampler(pipes):
     from vgen import load_pipeline
-    from vgen.interfaces import fitting_samplers
+    from vgen.samplers import fitting_samplers
     pipe = load_pipeline(str(pipes["mar"]))
     gen = pipe.generate([0, 1], seed=0)
     assert gen.stats["sampler"] == "mar" and gen.stats["forward_passes"] == 8  # the card's num_iter

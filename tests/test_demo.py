@@ -261,7 +261,7 @@ def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_
 
 def test_race_on_a_next_neighbour_model_runs_nar_with_its_heatmap(tiny_nar_pipeline):
     from vgen.demo import LOCAL, Demo
-    from vgen.interfaces import fitting_samplers
+    from vgen.samplers import fitting_samplers
     from vgen.pipeline import read_card
     assert fitting_samplers(read_card(str(tiny_nar_pipeline))) == ["nar"]
     d = Demo(allowed_dirs=[str(tiny_nar_pipeline.parent)])

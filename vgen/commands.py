@@ -44,7 +44,7 @@ def sample(cfg: DictConfig):
             raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
         num_samples = cfg.samples_per_class * int(read_card(cfg.model.path or cfg.model.name)["num_classes"])
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
-        from vgen.interfaces import plain_sampler  # with the options given that it takes
+        from vgen.samplers import plain_sampler  # with the options given that it takes
         from vgen.pipeline import read_card
         from vgen.samplers import sampler_class
         card = read_card(cfg.model.path or cfg.model.name)
@@ -72,7 +72,8 @@ def bench(cfg: DictConfig):
 
 def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     from vgen import validate
-    from vgen.eval.metrics import BACKENDS, export_npz, fid, load_images
+    from vgen.eval.metrics import BACKENDS, export_npz, fid
+    from vgen.eval.sources import load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
     if cfg.suite is not None:

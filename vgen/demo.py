@@ -106,7 +106,7 @@ class Demo:
              progress=None) -> list[dict]:
         """Run the model's plain sampler (the baseline) and every chosen sampler on (class, seed); everything is
         validated before any sampling, and an option none of the samplers takes is an error, not ignored."""
-        from vgen.interfaces import check_fits, plain_sampler
+        from vgen.samplers import check_fits, plain_sampler
         from vgen.pipeline import read_card
         from vgen.samplers import list_samplers, sampler_class
         name = self.resolve_model(model, folder)
@@ -227,7 +227,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
 
     from vgen.pipeline import list_models
     from vgen.samplers import list_samplers
-    from vgen.interfaces import fitting_samplers
+    from vgen.samplers import fitting_samplers
     demo = demo or Demo()
     models = list_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]

@@ -23,11 +23,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from vgen.errors import VGenError
-
 if TYPE_CHECKING:
     from vgen.kernels.kv_cache import KVCache
-    from vgen.models.diffusion_head import HeadSample
     from vgen.kernels.staged_cache import CachePolicy, StagedKVCache
 
 
@@ -143,6 +140,19 @@ class NextScaleModel(GenerativeModel, Protocol):
     def next_scale_input(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor): ...
 
 
+@dataclass
+class HeadSample:
+    """A head's draw: the token (B, C), and the Gaussian of its last step (mean, log-std, both already divided
+    by ``sqrt(abar)`` of the output level and with the temperature applied): the token's density given the path.
+    With ``path=True``: ``states`` (S + 1, B, C), the reverse process from the start noise to the last step's output
+    (before the division), and ``path_logpdf`` (B,), the sum of the steps' log-densities (float64)."""
+    token: torch.Tensor
+    mean: torch.Tensor
+    log_std: torch.Tensor
+    states: torch.Tensor | None = None
+    path_logpdf: torch.Tensor | None = None
+
+
 class DiffusionHeadModel(GenerativeModel, Protocol):
     """A model whose tokens are float latents drawn by a per-token diffusion head (MAR's "Diffusion Loss") from a
     condition vector ``z`` the transformer computes: ``token_type`` is ``latents`` with ``token_channels`` values."""
@@ -251,33 +261,4 @@ class ModelSpec:
         shape = card.get("token_shape")
         return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})",
                    tuple(shape) if shape is not None else None)
-
-
-def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
-    """Names of the registered samplers that drive this model's order."""
-    from vgen.samplers.base import list_samplers, sampler_classes
-    order = ModelSpec.of(model_or_card).order
-    return [n for n in list_samplers(include_hidden)
-            if any(c.order == order and (include_hidden or not c.hidden) for c in sampler_classes(n))]
-
-
-def check_fits(sampler: str, model_or_card) -> None:
-    """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
-    from vgen.samplers.base import sampler_classes
-    spec = ModelSpec.of(model_or_card)
-    orders = [c.order for c in sampler_classes(sampler)]
-    if spec.order not in orders:
-        raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
-                        f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
-
-
-def plain_sampler(model_or_card) -> str:
-    """The model's plain sampler (``ar``, ``var``, ``nar``): what runs when none is named, the baseline others
-    are compared to."""
-    from vgen.samplers.base import list_samplers, sampler_classes
-    order = ModelSpec.of(model_or_card).order
-    for n in list_samplers(include_hidden=True):
-        if any(c.order == order and c.plain for c in sampler_classes(n)):
-            return n
-    raise VGenError(f"no sampler is registered for {order} models")
 

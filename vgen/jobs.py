@@ -56,7 +56,7 @@ class SampleJob:
 
     def plan(self) -> tuple[dict, str, dict, list[int]]:
         """Everything checked before any weights load: (card, sampler name, resolved options, per-sample labels)."""
-        from vgen.interfaces import plain_sampler
+        from vgen.samplers import plain_sampler
         from vgen.pipeline import read_card, resolve_sampler
         card = read_card(self.model)
         name = self.sampler or plain_sampler(card)

@@ -18,7 +18,9 @@ import torch
 
 from vgen import validate
 from vgen.errors import VGenError
-from vgen.interfaces import ModelSpec, check_fits, plain_sampler
+from vgen.interfaces import ModelSpec
+from vgen.kinds import load_official
+from vgen.samplers import check_fits, get_sampler, plain_sampler, sampler_class
 
 ZOO_DIR = Path(__file__).parent / "zoo"
 
@@ -74,7 +76,6 @@ def read_card(name_or_path: str) -> dict:
 def card_sampling_defaults(card: dict, sampler: str) -> dict:
     """A card's recommended options, restricted to what ``sampler`` accepts, aliases resolved (e.g. an old card's
     VAR ``cfg``). Options naming files (``*_calibration``) are resolved against the card's folder."""
-    from vgen.samplers import sampler_class
     Options = sampler_class(sampler, card).Options
     out = Options.normalize({k: v for k, v in (card.get("sampling") or {}).items() if k in Options.names()})
     for k, v in out.items():
@@ -86,7 +87,6 @@ def card_sampling_defaults(card: dict, sampler: str) -> dict:
 def resolve_sampler(card: dict, sampler: str, **options):
     """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, checked against
     the card (order, vocabulary, classes). Needs only the card: callers check input before any weights load."""
-    from vgen.samplers import get_sampler, sampler_class
     check_fits(sampler, card)
     given = sampler_class(sampler, card).Options.normalize({k: v for k, v in options.items() if v is not None})
     s = get_sampler(sampler, card, **{**card_sampling_defaults(card, sampler), **given})
@@ -140,7 +140,6 @@ def check_draft_card(card: dict, draft: str) -> None:
 def check_prompt(card: dict, prompt, frames: int) -> None:
     """Frame-conditioned generation, checked from the card (before weights load): a video model, a uint8 clip
     of the model's frame size with at least ``frames`` frames, and at least one frame left to generate."""
-    from vgen.interfaces import ModelSpec
     spec = ModelSpec.from_card(card)
     if not spec.is_video:
         raise VGenError(f"prompt frames condition video models, but {spec.name} makes images: drop the prompt")
@@ -222,7 +221,6 @@ class Pipeline:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
-        from vgen.models import load_official
         device = validate.device(device)
         card = read_card(name_or_path)
         folder = Path(card["_folder"])

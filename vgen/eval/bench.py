@@ -88,7 +88,7 @@ class Plan:
     fidelity_reference: str | None
 
     def fits(self, model: str, setting: str) -> bool:
-        from vgen.interfaces import fitting_samplers
+        from vgen.samplers import fitting_samplers
         return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
 
     def sampler_options(self, setting: str, model: str | None = None) -> tuple[str, dict]:
@@ -116,7 +116,7 @@ def plan(cfg) -> Plan:
         raise VGenError(f"fid_samples must be 0 (off) or >= 2, got {cfg.fid_samples}")
     if cfg.fid_samples:
         from vgen.eval.extractors import ZOO_CLASSIFIER
-        from vgen.eval.metrics import REFERENCES, load_images
+        from vgen.eval.sources import REFERENCES, load_images
         if not ZOO_CLASSIFIER.exists():
             raise VGenError(f"FID-photo needs the zoo classifier at {ZOO_CLASSIFIER}: `vgen train recipe=photo`")
         if cfg.fid_reference not in REFERENCES:
@@ -206,8 +206,7 @@ def run(p: Plan) -> tuple[dict, dict]:
 
 def report(p: Plan, measured: dict, quality: dict) -> dict:
     """Rows (medians and ratios within the run), the table, bench.json, bench.md and bench.png."""
-    from vgen.configs import command_line
-    from vgen.io import atomic_write_bytes, atomic_write_json
+    from vgen.io import atomic_write_bytes, atomic_write_json, command_line
     cfg = p.cfg
     rows = []
     for (m, v, b), runs in measured["runs"].items():
