@@ -65,10 +65,10 @@ def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, t
     from vgen.configs import sampler_schema
     from vgen.demo import option_fields
     from vgen.samplers import fitting_samplers
-    from vgen.pipeline import read_card
+    from vgen.cards import Card
     assert "greedy-test" in vgen.list_samplers()
     assert "greedy-test" in fitting_samplers(tiny_gpt) and "greedy-test" not in fitting_samplers(tiny_nar)
-    assert "greedy-test" in fitting_samplers(read_card(str(tiny_pipeline)))
+    assert "greedy-test" in fitting_samplers(Card.load(str(tiny_pipeline)))
     node = sampler_schema(vgen.samplers.sampler_class("greedy-test"))
     assert {f.name for f in dataclasses.fields(node)} == {"name", "temperature", "top_k", "top_p", "cfg_scale",
                                                           "warmup"}

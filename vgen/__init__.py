@@ -1,6 +1,7 @@
 """vgen: fast sampling for visual autoregressive image generators."""
 from vgen.errors import VGenError
-from vgen.pipeline import Generation, Pipeline, list_models, load_pipeline
+from vgen.cards import list_models
+from vgen.pipeline import Generation, Pipeline, load_pipeline
 from vgen.samplers import fitting_samplers, get_sampler, list_samplers, sample
 from vgen.version import __version__
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+from vgen.errors import VGenError
 
 if TYPE_CHECKING:
     from vgen.kernels.kv_cache import KVCache
@@ -239,26 +240,27 @@ class ModelSpec:
                 return what, a, b
         return None
 
+    def check_draft(self, draft: ModelSpec, name: str = "the draft") -> None:
+        """A draft must make this model's tokens: the same order, token type, grid and classes (one-line error)."""
+        bad = self.token_mismatch(draft)
+        if bad:
+            raise VGenError(f"{name} has another {bad[0]} ({bad[1]}) than the target ({bad[2]}): a draft must be "
+                            "trained on the target's tokenizer and grid")
+
     @classmethod
     def of(cls, model_or_card) -> ModelSpec:
+        """The spec of a model, of a pipeline card (:class:`vgen.cards.Card`: its ``spec``) or a spec itself."""
         if isinstance(model_or_card, ModelSpec):
             return model_or_card
-        if isinstance(model_or_card, dict):
-            return cls.from_card(model_or_card)
+        spec = getattr(model_or_card, "spec", None)
+        if isinstance(spec, ModelSpec):
+            return spec
         m = model_or_card
         shape = getattr(m, "token_shape", None)
         return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__,
                    tuple(shape) if shape is not None else None)
 
     @classmethod
-    def from_card(cls, card: dict) -> ModelSpec:
-        order = Order(card.get("generation", Order.NEXT_TOKEN))
-        if card.get("token_kind", "codes") == "latents":
-            tt = TokenType.latents(card["latent_channels"])
-        else:
-            tt = TokenType.codes(card["vocab_size"]) if "vocab_size" in card else TokenType("codes")
-        name = card.get("name") or Path(card.get("_folder", "?")).name
-        shape = card.get("token_shape")
-        return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})",
-                   tuple(shape) if shape is not None else None)
-
+    def from_card(cls, card) -> ModelSpec:
+        """The spec a pipeline card (:class:`vgen.cards.Card`) states, before any weights load."""
+        return cls(card.order, card.num_classes, card.token_type, f"this model ({card.name})", card.token_shape)

@@ -274,10 +274,7 @@ class Sampler:
         if draft is None:
             raise VGenError(f"sampler {self.name!r} needs a draft model: pass draft=<model> (a Pipeline loads the one "
                             "its card names, or draft=<zoo name or folder>)")
-        bad = ModelSpec.of(model).token_mismatch(ModelSpec.of(draft))
-        if bad:
-            raise VGenError(f"the draft's {bad[0]} ({bad[1]}) differs from the target's ({bad[2]}): a draft must be "
-                            "trained on the target's tokenizer and grid")
+        ModelSpec.of(model).check_draft(ModelSpec.of(draft))
         return draft
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
