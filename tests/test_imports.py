@@ -127,8 +127,17 @@ def test_no_import_cycles():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    return [f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)}), line {line}"
+            for m, targets in graph.items() for t, line in targets.items() if layer(t) > layer(m)]
+
+
+def test_an_upward_import_is_found():
+    graph = {"vgen.interfaces": {"vgen.samplers.base": 258, "vgen.errors": 3}, "vgen.samplers.base": {}}
+    assert upward_imports(graph) == ["vgen.interfaces (layer 3) imports vgen.samplers.base (layer 8), line 258"]
+
+
 def test_nothing_is_imported_from_a_higher_layer():
-    up = [f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)}), line {line}"
-          for m, targets in import_graph().items() for t, line in targets.items() if layer(t) > layer(m)]
+    up = upward_imports(import_graph())
     assert not up, "\n".join(up)
 

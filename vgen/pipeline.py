@@ -2,7 +2,8 @@
 (``vgen/zoo/<name>/``) or from any folder with the same layout:
 
     pipeline.json        the card (vgen.cards.Card): {"model_kind": "gpt", "model": "gpt.safetensors",
-                          "tokenizer_kind": "vq", "tokenizer": "vq.safetensors", "class_names": [...], "sampling": {...}}
+                          "tokenizer_kind": "vq", "tokenizer": "vq.safetensors", "class_names": [...],
+                          "sampling": {...}}
     gpt.safetensors      official key layout, config in the safetensors metadata
     vq.safetensors
 """
@@ -173,6 +174,7 @@ class Pipeline:
     def draft_model(self, name: str = ""):
         """The draft model a speculative sampler runs next to this one: ``name`` (a zoo name or pipeline folder;
         '' = the card's ``draft``), loaded once and kept."""
+        name = name or self.card.draft
         drafts = self.__dict__.setdefault("_drafts", {})
         if name not in drafts:
             drafts[name] = Pipeline.from_card(self.card.draft_card(name), device=self.device).model
