@@ -64,11 +64,11 @@ def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, t
     import vgen
     from vgen.configs import sampler_schema
     from vgen.demo import option_fields
-    from vgen.interfaces import fitting_samplers
-    from vgen.pipeline import read_card
+    from vgen.samplers import fitting_samplers
+    from vgen.cards import Card
     assert "greedy-test" in vgen.list_samplers()
     assert "greedy-test" in fitting_samplers(tiny_gpt) and "greedy-test" not in fitting_samplers(tiny_nar)
-    assert "greedy-test" in fitting_samplers(read_card(str(tiny_pipeline)))
+    assert "greedy-test" in fitting_samplers(Card.load(str(tiny_pipeline)))
     node = sampler_schema(vgen.samplers.sampler_class("greedy-test"))
     assert {f.name for f in dataclasses.fields(node)} == {"name", "temperature", "top_k", "top_p", "cfg_scale",
                                                           "warmup"}
@@ -85,8 +85,8 @@ def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, t
 
 
 def test_models_satisfy_their_order_protocol(tiny_gpt, tiny_nar, tiny_var, tiny_vq, tiny_msvq):
-    from vgen.interfaces import (ModelSpec, NextNeighbourModel, NextScaleModel, NextTokenModel, Order, Tokenizer,
-                                 plain_sampler)
+    from vgen.interfaces import ModelSpec, NextNeighbourModel, NextScaleModel, NextTokenModel, Order, Tokenizer
+    from vgen.samplers import plain_sampler
     for model, proto, order, plain in ((tiny_gpt, NextTokenModel, Order.NEXT_TOKEN, "ar"),
                                        (tiny_nar, NextNeighbourModel, Order.NEXT_NEIGHBOUR, "nar"),
                                        (tiny_var, NextScaleModel, Order.NEXT_SCALE, "var")):

@@ -165,8 +165,11 @@ def test_car_distill_raises_the_drafts_density_of_target_paths(pipes, tiny_kl, t
 
 
 def test_draft_mismatches_are_one_line_errors_before_weights_load(pipes, tmp_path):
-    from vgen.pipeline import read_card, resolve_sampler
-    card = read_card(str(pipes["target"]))
+    import dataclasses
+
+    from vgen.cards import Card
+    from vgen.pipeline import resolve_sampler
+    card = Card.load(str(pipes["target"]))
     with pytest.raises(VGenError, match="another tokenizer"):
         resolve_sampler(card, "cspd", draft=str(pipes["foreign"]))
     bad = tmp_path / "wide"
@@ -177,7 +180,7 @@ def test_draft_mismatches_are_one_line_errors_before_weights_load(pipes, tmp_pat
     with pytest.raises(VGenError, match="token type") as e:
         resolve_sampler(card, "cspd", draft=str(bad))
     assert "\n" not in str(e.value)
-    nodraft = {k: v for k, v in card.items() if k != "draft"}
+    nodraft = dataclasses.replace(card, draft="")
     with pytest.raises(VGenError, match="names no draft"):
         resolve_sampler(nodraft, "cspd")
     with pytest.raises(VGenError, match="nothing for continuous"):
@@ -186,7 +189,7 @@ def test_draft_mismatches_are_one_line_errors_before_weights_load(pipes, tmp_pat
 
 def test_mar_pipeline_uses_its_own_sampler(pipes):
     from vgen import load_pipeline
-    from vgen.interfaces import fitting_samplers
+    from vgen.samplers import fitting_samplers
     pipe = load_pipeline(str(pipes["mar"]))
     gen = pipe.generate([0, 1], seed=0)
     assert gen.stats["sampler"] == "mar" and gen.stats["forward_passes"] == 8  # the card's num_iter

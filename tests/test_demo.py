@@ -1,5 +1,6 @@
 """The Gradio demo: handlers called directly, the app driven over HTTP with gradio_client, and the page
 rendered in headless Chromium."""
+import dataclasses
 import os
 import shutil
 import socket
@@ -63,10 +64,13 @@ def test_race_includes_scd_whose_image_is_ar_gumbel(demo):
 
 
 def test_ticked_samplers_include_eagle_only_with_a_draft_head():
+    from vgen.cards import Card
     from vgen.demo import ticked
+    from vgen.interfaces import Order, TokenType
+    card = Card("gpt", Order.NEXT_TOKEN, 2, TokenType.codes(8))
     fits = ["ar", "sjd", "gsd", "lantern", "scd", "eagle", "zipar"]
-    assert ticked({"drafter": "drafter.safetensors"}, fits) == ["ar", "sjd", "scd", "eagle"]
-    assert ticked({}, fits) == ["ar", "sjd", "scd"]
+    assert ticked(dataclasses.replace(card, drafter="drafter.safetensors"), fits) == ["ar", "sjd", "scd", "eagle"]
+    assert ticked(card, fits) == ["ar", "sjd", "scd"]
     assert ticked(None, ["var", "scalekv"]) == ["var"]
 
 
@@ -74,7 +78,7 @@ def test_ticked_samplers_include_eagle_only_with_a_draft_head():
 @pytest.mark.slow
 def test_race_with_the_shipped_draft_head(demo):
     import vgen
-    if "drafter" not in vgen.load_pipeline("photos-gpt").card:
+    if not vgen.load_pipeline("photos-gpt").card.drafter:
         pytest.skip("photos-gpt ships no draft head")
     res = demo.race("photos-gpt", None, "3: cat", 5, ["eagle"], {"window": 3, "top_k": 50})
     assert [r["sampler"] for r in res] == ["ar", "eagle"]
@@ -261,9 +265,9 @@ def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_
 
 def test_race_on_a_next_neighbour_model_runs_nar_with_its_heatmap(tiny_nar_pipeline):
     from vgen.demo import LOCAL, Demo
-    from vgen.interfaces import fitting_samplers
-    from vgen.pipeline import read_card
-    assert fitting_samplers(read_card(str(tiny_nar_pipeline))) == ["nar"]
+    from vgen.samplers import fitting_samplers
+    from vgen.cards import Card
+    assert fitting_samplers(Card.load(str(tiny_nar_pipeline))) == ["nar"]
     d = Demo(allowed_dirs=[str(tiny_nar_pipeline.parent)])
     res = d.race(LOCAL, str(tiny_nar_pipeline), 1, 0, ["nar"], {})
     assert [r["sampler"] for r in res] == ["nar"] and res[0]["forward_passes"] == 7

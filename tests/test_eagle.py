@@ -313,7 +313,7 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
     feats = cached_features(RunDir(tmp_path / "run"), pipe.model, te["codes"], te["labels"], "test")  # the cache
     torch.manual_seed(0)
     untrained = evaluate(Drafter(pipe.model.config).eval(), pipe.model, feats, te["codes"].long(),
-                         pipe.card["sampling"])
+                         pipe.card.sampling)
     assert m["test_acceptance"] > untrained["test_acceptance"] + 0.05, (m, untrained)
     cfg.steps = 50
     train_drafter(cfg)
@@ -392,7 +392,7 @@ def test_drafter_recipe_trains_chained_depths_from_an_init(tmp_path, tiny_pipeli
     te = torch.load(codes / "codes_test.pt", weights_only=True)
     feats = cached_features(RunDir(tmp_path / "ft1"), pipe.model, te["codes"], te["labels"], "test")
     tf = evaluate(load_drafter(tmp_path / "ft1" / "drafter.safetensors"), pipe.model, feats, te["codes"].long(),
-                  pipe.card["sampling"], depths=3)  # the teacher-forced run's head, scored at depths 2, 3
+                  pipe.card.sampling, depths=3)  # the teacher-forced run's head, scored at depths 2, 3
     assert abs(tf["test_acceptance"] - runs[1]["test_acceptance"]) < 1e-6
     for k in ("test_acceptance_d2", "test_acceptance_d3"):
         assert runs[3][k] > max(start[k], tf[k]) + 0.01, (k, runs[3], tf, start)
@@ -433,7 +433,7 @@ def test_shipped_draft_head_accepts_far_more_than_jacobi_drafts():
     if "photos-gpt" not in vgen.list_models():
         pytest.skip("zoo weights not installed")
     pipe = vgen.load_pipeline("photos-gpt")
-    assert pipe.card["drafter"] == "drafter.safetensors"
+    assert pipe.card.drafter == "drafter.safetensors"
     labels = [0, 5, 9, 14]
     e = pipe.generate(labels, sampler="eagle", seed=0, window=4, batch_size=4)
     s = pipe.generate(labels, sampler="sjd", seed=0, window=4, init="vertical", batch_size=4)

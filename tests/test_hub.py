@@ -193,7 +193,7 @@ def test_hub_folder(hf_cache, tiny_pipeline):
     assert pipe.num_classes == 4
     import vgen
     by_ref = vgen.load_pipeline("hf://Owner/Pipes/sub/folder")  # the Hub reference, resolved offline
-    assert by_ref.card["_folder"] == str(sub)
+    assert by_ref.card.folder == sub
     assert torch.equal(by_ref.generate([1], seed=2).tokens, pipe.generate([1], seed=2).tokens)
     put_snapshot(hf_cache, "Owner/NoCard", {"weights.pt": b"0"})
     with pytest.raises(VGenError, match="no pipeline.json"):

@@ -232,7 +232,7 @@ def test_nar_pipeline_and_cli_sample(tiny_nar_pipeline, tmp_path, capsys):
     from vgen.cli import main
     from vgen.pipeline import Pipeline
     pipe = Pipeline.from_pretrained(str(tiny_nar_pipeline))
-    assert pipe.card["generation"] == "next-neighbour"
+    assert pipe.card.order == "next-neighbour"
     g = pipe.generate([0, 1], seed=3)  # the model's own sampler (nar) by default
     assert g.images.shape[:2] == (2, 3) and g.images.dtype == torch.uint8 and g.stats["forward_passes"] == 7
     with pytest.raises(VGenError, match="use one of nar"):

@@ -294,7 +294,7 @@ def test_calibrate_handles_flat_and_split_demand():
 def test_var_pipeline_generates_images(tiny_var_pipeline):
     from vgen.pipeline import Pipeline
     pipe = Pipeline.from_pretrained(str(tiny_var_pipeline))
-    assert pipe.card["generation"] == "next-scale"
+    assert pipe.card.order == "next-scale"
     gen = pipe.generate([0, 3], sampler="var", seed=2)
     assert gen.images.shape == (2, 3, 8, 8) and gen.images.dtype == torch.uint8
     assert gen.stats["options"]["cfg_scale"] == 2.5 and gen.stats["options"]["top_k"] == 8  # the card's settings

@@ -18,10 +18,10 @@ def car():
 def test_zoo_continuous_cards(car):
     mar = vgen.load_pipeline("photos-mar")
     for pipe, order in ((car, "continuous-next-token"), (mar, "masked")):
-        assert pipe.card["generation"] == order and pipe.card["token_kind"] == "latents"
-        assert pipe.card["latent_channels"] == 4 and tuple(pipe.model.token_shape) == (16, 16)
-        assert pipe.card["metrics"]["tokenizer_test_psnr"] > 25  # the KL tokenizer's held-out reconstruction
-    assert car.card["draft"] == "photos-car-draft"
+        assert pipe.card.order == order and pipe.card.token_type.kind == "latents"
+        assert pipe.card.token_type.channels == 4 and tuple(pipe.model.token_shape) == (16, 16)
+        assert pipe.card.metrics["tokenizer_test_psnr"] > 25  # the KL tokenizer's held-out reconstruction
+    assert car.card.draft == "photos-car-draft"
     draft = vgen.load_pipeline("photos-car-draft")
     n_t, n_d = (sum(p.numel() for p in m.parameters()) for m in (car.model, draft.model))
     assert 4e6 < n_t < 8e6 and n_d < n_t / 3

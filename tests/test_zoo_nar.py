@@ -15,7 +15,7 @@ def pipe():
 
 
 def test_zoo_nar_card_and_model(pipe):
-    assert pipe.card["generation"] == "next-neighbour" and pipe.card["compare_to"] == "photos-gpt"
+    assert pipe.card.order == "next-neighbour" and pipe.card.compare_to == "photos-gpt"
     assert pipe.model.token_shape == (16, 16) and pipe.model.config.medusa_attention_num == 1
     assert pipe.model.medusa_output.weight.dtype == torch.float32  # stored fp16, loaded as fp32
 

@@ -16,7 +16,7 @@ def pipe():
 
 
 def test_zoo_var_card_and_model(pipe):
-    assert pipe.card["generation"] == "next-scale" and pipe.num_classes == NUM_CLASSES
+    assert pipe.card.order == "next-scale" and pipe.num_classes == NUM_CLASSES
     assert pipe.model.patch_nums == [1, 2, 3, 4, 6, 8, 11, 16] and pipe.model.token_shape == (507,)
     assert pipe.model.head.weight.dtype == torch.float32  # stored fp16, loaded as fp32
 

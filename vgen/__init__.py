@@ -1,9 +1,9 @@
 """vgen: fast sampling for visual autoregressive image generators."""
-__version__ = "0.1.0"
-
-from vgen.errors import VGenError  # noqa: E402
-from vgen.pipeline import Generation, Pipeline, list_models, load_pipeline  # noqa: E402
-from vgen.samplers import get_sampler, list_samplers, sample  # noqa: E402
+from vgen.errors import VGenError
+from vgen.cards import list_models
+from vgen.pipeline import Generation, Pipeline, load_pipeline
+from vgen.samplers import fitting_samplers, get_sampler, list_samplers, sample
+from vgen.version import __version__
 
 __all__ = ["VGenError", "Generation", "Pipeline", "list_models", "load_pipeline", "get_sampler", "list_samplers",
-           "sample", "__version__"]
+           "fitting_samplers", "sample", "__version__"]

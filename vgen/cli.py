@@ -42,7 +42,7 @@ def _group_options(group: str) -> list[str]:
         from vgen.samplers import list_samplers
         return list_samplers(include_hidden=True)
     if group == "model":  # generated from the zoo (vgen.configs)
-        from vgen.pipeline import list_models
+        from vgen.cards import list_models
         return list_models()
     from pathlib import Path
     d = Path(__file__).parent / "configs" / group

@@ -36,18 +36,18 @@ def sample(cfg: DictConfig):
     sampler, options = cfg.sampler.name, _options(cfg.sampler)
     num_samples = cfg.num_samples
     if cfg.samples_per_class is not None:  # the papers' protocol: every class equally often (sample i: class i % C)
-        from vgen.pipeline import read_card
+        from vgen.cards import Card
         if cfg.labels is not None:
             raise VGenError(f"samples_per_class={cfg.samples_per_class} draws every class in turn: drop labels=... "
                             "(or set samples_per_class=null to sample the given labels)")
         if cfg.samples_per_class < 1:
             raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
-        num_samples = cfg.samples_per_class * int(read_card(cfg.model.path or cfg.model.name)["num_classes"])
+        num_samples = cfg.samples_per_class * Card.load(cfg.model.path or cfg.model.name).num_classes
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
-        from vgen.interfaces import plain_sampler  # with the options given that it takes
-        from vgen.pipeline import read_card
+        from vgen.samplers import plain_sampler  # with the options given that it takes
+        from vgen.cards import Card
         from vgen.samplers import sampler_class
-        card = read_card(cfg.model.path or cfg.model.name)
+        card = Card.load(cfg.model.path or cfg.model.name)
         sampler = plain_sampler(card)
         options = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names()}
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,
@@ -72,7 +72,8 @@ def bench(cfg: DictConfig):
 
 def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     from vgen import validate
-    from vgen.eval.metrics import BACKENDS, export_npz, fid, load_images
+    from vgen.eval.metrics import BACKENDS, export_npz, fid
+    from vgen.eval.sources import load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
     if cfg.suite is not None:
@@ -169,7 +170,7 @@ def _eval_fvd(cfg: DictConfig) -> dict:
 def demo(cfg: DictConfig):
     import importlib.util
 
-    from vgen.pipeline import list_models
+    from vgen.cards import list_models
     if importlib.util.find_spec("gradio") is None:
         raise VGenError("the demo needs Gradio: pip install -e \".[demo]\" (or pip install \"gradio>=6,<7\")")
     if cfg.model.path:
@@ -219,14 +220,15 @@ def train(cfg: DictConfig):
 
 def scalekv(cfg: DictConfig):
     """`vgen scalekv calibrate model=<zoo model> (or model.path=<folder>) budget=0.1 [num_samples=16 out=...]`."""
-    from vgen.interfaces import ModelSpec, Order
+    from vgen.cards import Card
+    from vgen.interfaces import Order
     from vgen.io import atomic_write_json
-    from vgen.pipeline import Pipeline, read_card
+    from vgen.pipeline import Pipeline
     if cfg.action != "calibrate":
         raise VGenError(f"unknown scalekv action {cfg.action!r}: use `vgen scalekv calibrate model=...`")
     name = cfg.model.path or cfg.model.name
-    card = read_card(name)
-    if ModelSpec.from_card(card).order != Order.NEXT_SCALE:
+    card = Card.load(name)
+    if card.order != Order.NEXT_SCALE:
         raise VGenError(f"{name} is not a next-scale model: ScaleKV compresses the growing cache of VAR-style "
                         "models (e.g. model=photos-var)")
     if not 0 < cfg.budget <= 1:
@@ -235,7 +237,7 @@ def scalekv(cfg: DictConfig):
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
     out = Path(cfg.out or f"scalekv_{Path(str(name)).name}_{cfg.budget:g}.json")
     from vgen.samplers.var import calibrate_scalekv
-    pipe = Pipeline.from_pretrained(name, device=cfg.device)
+    pipe = Pipeline.from_card(card, device=cfg.device)
     cal = calibrate_scalekv(pipe, cfg.budget, cfg.num_samples, cfg.seed, cfg.batch_size, cfg.max_ratio,
                             progress=cfg.progress)
     atomic_write_json(out, cal)

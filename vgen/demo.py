@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vgen.cards import Card
 from vgen.errors import VGenError
 
 LOCAL = "local folder..."
@@ -32,10 +33,10 @@ RACED = ("ar", "sjd", "scd", "eagle")  # ticked when a model is chosen (those th
 # drafts and the trained draft head (eagle: where the card ships one)
 
 
-def ticked(card: dict | None, fits: list[str]) -> list[str]:
+def ticked(card: Card | None, fits: list[str]) -> list[str]:
     """The samplers ticked when a model is chosen: those of RACED that fit it (eagle only where its card lists a
     draft head), else its first fitting sampler."""
-    return [x for x in RACED if x in fits and (x != "eagle" or (card or {}).get("drafter"))] or fits[:1]
+    return [x for x in RACED if x in fits and (x != "eagle" or (card is not None and card.drafter))] or fits[:1]
 
 
 class Demo:
@@ -49,7 +50,7 @@ class Demo:
     # ------------------------------------------------------------------ validation
     def resolve_model(self, model: str, folder: str | None = None) -> str:
         """A zoo name, or a local pipeline folder inside one of the allowed directories."""
-        from vgen.pipeline import list_models
+        from vgen.cards import list_models
         if model != LOCAL:
             if model not in list_models():
                 raise VGenError(f"unknown zoo model {model!r}; available: {', '.join(list_models())}")
@@ -71,9 +72,7 @@ class Demo:
         return self._pipes[name]
 
     def class_names(self, name: str) -> list[str]:
-        from vgen.pipeline import read_card
-        card = read_card(name)
-        return list(card.get("class_names") or [str(i) for i in range(int(card["num_classes"]))])
+        return list(Card.load(name).class_names)
 
     def parse_class(self, name: str, cls) -> int:
         names = self.class_names(name)
@@ -94,9 +93,9 @@ class Demo:
 
     def options_for(self, name: str, sampler: str, options: dict):
         """The options given (not None) that this sampler accepts, validated by the sampler against the card."""
-        from vgen.pipeline import read_card, resolve_sampler
+        from vgen.pipeline import resolve_sampler
         from vgen.samplers import sampler_class
-        card = read_card(name)
+        card = Card.load(name)
         opts = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names() and v is not None}
         resolve_sampler(card, sampler, **opts)  # raises VGenError on bad values
         return opts
@@ -106,9 +105,7 @@ class Demo:
              progress=None) -> list[dict]:
         """Run the model's plain sampler (the baseline) and every chosen sampler on (class, seed); everything is
         validated before any sampling, and an option none of the samplers takes is an error, not ignored."""
-        from vgen.interfaces import check_fits, plain_sampler
-        from vgen.pipeline import read_card
-        from vgen.samplers import list_samplers, sampler_class
+        from vgen.samplers import check_fits, list_samplers, plain_sampler, sampler_class
         name = self.resolve_model(model, folder)
         c, s = self.parse_class(name, cls), self.parse_seed(seed)
         chosen = list(samplers or [])
@@ -117,7 +114,7 @@ class Demo:
         for x in chosen:
             if x not in list_samplers():
                 raise VGenError(f"unknown sampler {x!r}; available: {', '.join(list_samplers())}")
-        card = read_card(name)
+        card = Card.load(name)
         base = plain_sampler(card)
         names = [base] + [x for x in chosen if x != base]
         for x in names:
@@ -225,9 +222,9 @@ def shown(pixels: torch.Tensor, folder: str, name: str):
 def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
     import gradio as gr
 
-    from vgen.pipeline import list_models
+    from vgen.cards import list_models
     from vgen.samplers import list_samplers
-    from vgen.interfaces import fitting_samplers
+    from vgen.samplers import fitting_samplers
     demo = demo or Demo()
     models = list_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]
@@ -238,9 +235,8 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     samplers = list_samplers()
 
     def card_of(name):
-        from vgen.pipeline import read_card
         try:
-            return read_card(name)
+            return Card.load(name)
         except VGenError:
             return None
 

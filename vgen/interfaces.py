@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
@@ -27,7 +26,6 @@ from vgen.errors import VGenError
 
 if TYPE_CHECKING:
     from vgen.kernels.kv_cache import KVCache
-    from vgen.models.diffusion_head import HeadSample
     from vgen.kernels.staged_cache import CachePolicy, StagedKVCache
 
 
@@ -143,6 +141,19 @@ class NextScaleModel(GenerativeModel, Protocol):
     def next_scale_input(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor): ...
 
 
+@dataclass
+class HeadSample:
+    """A head's draw: the token (B, C), and the Gaussian of its last step (mean, log-std, both already divided
+    by ``sqrt(abar)`` of the output level and with the temperature applied): the token's density given the path.
+    With ``path=True``: ``states`` (S + 1, B, C), the reverse process from the start noise to the last step's output
+    (before the division), and ``path_logpdf`` (B,), the sum of the steps' log-densities (float64)."""
+    token: torch.Tensor
+    mean: torch.Tensor
+    log_std: torch.Tensor
+    states: torch.Tensor | None = None
+    path_logpdf: torch.Tensor | None = None
+
+
 class DiffusionHeadModel(GenerativeModel, Protocol):
     """A model whose tokens are float latents drawn by a per-token diffusion head (MAR's "Diffusion Loss") from a
     condition vector ``z`` the transformer computes: ``token_type`` is ``latents`` with ``token_channels`` values."""
@@ -229,55 +240,27 @@ class ModelSpec:
                 return what, a, b
         return None
 
+    def check_draft(self, draft: ModelSpec, name: str = "the draft") -> None:
+        """A draft must make this model's tokens: the same order, token type, grid and classes (one-line error)."""
+        bad = self.token_mismatch(draft)
+        if bad:
+            raise VGenError(f"{name} has another {bad[0]} ({bad[1]}) than the target ({bad[2]}): a draft must be "
+                            "trained on the target's tokenizer and grid")
+
     @classmethod
     def of(cls, model_or_card) -> ModelSpec:
+        """The spec of a model, of a pipeline card (:class:`vgen.cards.Card`: its ``spec``) or a spec itself."""
         if isinstance(model_or_card, ModelSpec):
             return model_or_card
-        if isinstance(model_or_card, dict):
-            return cls.from_card(model_or_card)
+        spec = getattr(model_or_card, "spec", None)
+        if isinstance(spec, ModelSpec):
+            return spec
         m = model_or_card
         shape = getattr(m, "token_shape", None)
         return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__,
                    tuple(shape) if shape is not None else None)
 
     @classmethod
-    def from_card(cls, card: dict) -> ModelSpec:
-        order = Order(card.get("generation", Order.NEXT_TOKEN))
-        if card.get("token_kind", "codes") == "latents":
-            tt = TokenType.latents(card["latent_channels"])
-        else:
-            tt = TokenType.codes(card["vocab_size"]) if "vocab_size" in card else TokenType("codes")
-        name = card.get("name") or Path(card.get("_folder", "?")).name
-        shape = card.get("token_shape")
-        return cls(order, int(card.get("num_classes", 0)), tt, f"this model ({name})",
-                   tuple(shape) if shape is not None else None)
-
-
-def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
-    """Names of the registered samplers that drive this model's order."""
-    from vgen.samplers.base import list_samplers, sampler_classes
-    order = ModelSpec.of(model_or_card).order
-    return [n for n in list_samplers(include_hidden)
-            if any(c.order == order and (include_hidden or not c.hidden) for c in sampler_classes(n))]
-
-
-def check_fits(sampler: str, model_or_card) -> None:
-    """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
-    from vgen.samplers.base import sampler_classes
-    spec = ModelSpec.of(model_or_card)
-    orders = [c.order for c in sampler_classes(sampler)]
-    if spec.order not in orders:
-        raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
-                        f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
-
-
-def plain_sampler(model_or_card) -> str:
-    """The model's plain sampler (``ar``, ``var``, ``nar``): what runs when none is named, the baseline others
-    are compared to."""
-    from vgen.samplers.base import list_samplers, sampler_classes
-    order = ModelSpec.of(model_or_card).order
-    for n in list_samplers(include_hidden=True):
-        if any(c.order == order and c.plain for c in sampler_classes(n)):
-            return n
-    raise VGenError(f"no sampler is registered for {order} models")
-
+    def from_card(cls, card) -> ModelSpec:
+        """The spec a pipeline card (:class:`vgen.cards.Card`) states, before any weights load."""
+        return cls(card.order, card.num_classes, card.token_type, f"this model ({card.name})", card.token_shape)

@@ -178,3 +178,12 @@ def save_gif(path: str | os.PathLike, video: torch.Tensor, fps: int = 8) -> None
 def frame_strip(video: torch.Tensor, pad: int = 2) -> torch.Tensor:
     """uint8 (T, 3, H, W) -> one row of its frames (3, H', W')."""
     return make_grid(_check_video(video), nrow=video.shape[0], pad=pad)
+
+
+def command_line() -> list[str]:
+    """The overrides the running Hydra app was given (empty outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # no Hydra app is running
+        return []

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgen import validate
+from vgen.cards import Card
 from vgen.errors import VGenError
 from vgen.stats import merge_stats, numeric
 
@@ -42,23 +43,22 @@ class SampleJob:
     prompt: str | None = None        # video models: a clip file (MP4 / GIF) whose first frames every sample continues
     prompt_frames: int = 1
 
-    def prompt_clip(self, card: dict):
+    def prompt_clip(self, card: Card):
         """The prompt clip, read and checked against the card (None without a prompt)."""
         if self.prompt is None:
             return None
         from vgen.io import read_video
-        from vgen.pipeline import check_prompt
         if not Path(self.prompt).is_file():
             raise VGenError(f"prompt clip {self.prompt} not found: give an MP4 or GIF file")
         clip = read_video(self.prompt)
-        check_prompt(card, clip, self.prompt_frames)
+        card.check_prompt(clip, self.prompt_frames)
         return clip
 
-    def plan(self) -> tuple[dict, str, dict, list[int]]:
+    def plan(self) -> tuple[Card, str, dict, list[int]]:
         """Everything checked before any weights load: (card, sampler name, resolved options, per-sample labels)."""
-        from vgen.interfaces import plain_sampler
-        from vgen.pipeline import read_card, resolve_sampler
-        card = read_card(self.model)
+        from vgen.samplers import plain_sampler
+        from vgen.pipeline import resolve_sampler
+        card = Card.load(self.model)
         name = self.sampler or plain_sampler(card)
         opts = dataclasses.asdict(resolve_sampler(card, name, **self.options).options)
         if self.num_samples < 1:
@@ -68,7 +68,7 @@ class SampleJob:
         validate.seed(self.seed, self.num_samples)
         validate.device(self.device)
         validate.outdir(self.outdir)
-        n_cls = int(card["num_classes"])
+        n_cls = card.num_classes
         base = list(self.labels) if self.labels is not None else list(range(n_cls))
         if not base:
             raise VGenError("labels is empty: give class ids, e.g. labels=[0,3], or labels=null for every class")
@@ -89,8 +89,7 @@ class SampleJob:
         from vgen.pipeline import Pipeline
 
         card, name, opts, labels = self.plan()
-        from vgen.interfaces import ModelSpec
-        video = ModelSpec.from_card(card).is_video
+        video = card.spec.is_video
         ext = ".mp4" if video else ".png"
         out = validate.outdir(out or self.outdir)
         n = len(labels)
@@ -115,7 +114,7 @@ class SampleJob:
             if isinstance(todo, VGenError):
                 raise VGenError(str(todo))
             mine = todo[rank::world]
-            pipe = Pipeline.from_pretrained(self.model, device=device)
+            pipe = Pipeline.from_card(card, device=device)
             shard = f" [rank {rank}/{world}]" if world > 1 else ""
             bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="clip" if video else "img",
                        disable=not self.progress)

@@ -1,8 +1,9 @@
 """Pipelines: a token model + its tokenizer + recommended sampling settings, loaded from the embedded zoo
 (``vgen/zoo/<name>/``) or from any folder with the same layout:
 
-    pipeline.json        {"model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq",
-                          "tokenizer": "vq.safetensors", "class_names": [...], "sampling": {...}}
+    pipeline.json        the card (vgen.cards.Card): {"model_kind": "gpt", "model": "gpt.safetensors",
+                          "tokenizer_kind": "vq", "tokenizer": "vq.safetensors", "class_names": [...],
+                          "sampling": {...}}
     gpt.safetensors      official key layout, config in the safetensors metadata
     vq.safetensors
 """
@@ -17,148 +18,26 @@ from pathlib import Path
 import torch
 
 from vgen import validate
+from vgen.cards import Card, model_facts
 from vgen.errors import VGenError
-from vgen.interfaces import ModelSpec, check_fits, plain_sampler
-
-ZOO_DIR = Path(__file__).parent / "zoo"
-
-
-def list_models() -> list[str]:
-    """Names of the zoo pipelines shipped with vgen."""
-    if not ZOO_DIR.exists():
-        return []
-    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "pipeline.json").exists())
+from vgen.kinds import load_official
+from vgen.samplers import check_fits, get_sampler, plain_sampler, sampler_class
 
 
-def resolve(name_or_path: str) -> Path:
-    """Zoo name, folder, or Hugging Face Hub reference (``hf://owner/repo[/subfolder]``, resolved from the local HF
-    cache) -> folder holding pipeline.json (clear error otherwise)."""
-    from vgen import hub
-    if hub.is_hub_ref(name_or_path):
-        folder = hub.hub_folder(*hub.parse_hub_ref(name_or_path))
-        if (folder / "pipeline.json").exists():
-            return folder
-        raise VGenError(f"{name_or_path}: this Hugging Face Hub folder has no pipeline.json")
-    p = Path(name_or_path).expanduser()
-    if (p / "pipeline.json").exists():
-        return p
-    if (ZOO_DIR / name_or_path / "pipeline.json").exists():
-        return ZOO_DIR / name_or_path
-    avail = ", ".join(list_models()) or "(none installed)"
-    raise VGenError(f"unknown model {name_or_path!r}: use a zoo model ({avail}) or a folder containing "
-                    "pipeline.json")
-
-
-CARD_KEYS = ("model_kind", "model", "tokenizer_kind", "tokenizer", "num_classes")
-
-
-def read_card(name_or_path: str) -> dict:
-    """The pipeline card (pipeline.json), checked: a JSON object with the keys a pipeline needs."""
-    folder = resolve(name_or_path)
-    path = folder / "pipeline.json"
-    try:
-        card = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VGenError(f"{path} is not valid JSON ({e}): rewrite it with vgen.pipeline.save_pipeline") from None
-    if not isinstance(card, dict):
-        raise VGenError(f"{path} holds a {type(card).__name__}, not a JSON object: rewrite it with "
-                        "vgen.pipeline.save_pipeline")
-    missing = [k for k in CARD_KEYS if k not in card]
-    if missing:
-        raise VGenError(f"{path} lacks {', '.join(missing)}: a pipeline card names the model and tokenizer files and "
-                        "kinds and the number of classes (vgen.pipeline.save_pipeline writes one)")
-    card["_folder"] = str(folder)
-    return card
-
-
-def card_sampling_defaults(card: dict, sampler: str) -> dict:
-    """A card's recommended options, restricted to what ``sampler`` accepts, aliases resolved (e.g. an old card's
-    VAR ``cfg``). Options naming files (``*_calibration``) are resolved against the card's folder."""
-    from vgen.samplers import sampler_class
-    Options = sampler_class(sampler, card).Options
-    out = Options.normalize({k: v for k, v in (card.get("sampling") or {}).items() if k in Options.names()})
-    for k, v in out.items():
-        if k.endswith("_calibration") and isinstance(v, str) and "_folder" in card and not Path(v).is_absolute():
-            out[k] = str(Path(card["_folder"]) / v)
-    return out
-
-
-def resolve_sampler(card: dict, sampler: str, **options):
+def resolve_sampler(card: Card, sampler: str, **options):
     """The sampler a pipeline would run: card defaults, overridden by the non-None ``options``, checked against
-    the card (order, vocabulary, classes). Needs only the card: callers check input before any weights load."""
-    from vgen.samplers import get_sampler, sampler_class
+    the card (order, vocabulary, classes, the draft it needs). Needs only the card: callers check input before any
+    weights load."""
     check_fits(sampler, card)
-    given = sampler_class(sampler, card).Options.normalize({k: v for k, v in options.items() if v is not None})
-    s = get_sampler(sampler, card, **{**card_sampling_defaults(card, sampler), **given})
+    Options = sampler_class(sampler, card).Options
+    given = Options.normalize({k: v for k, v in options.items() if v is not None})
+    s = get_sampler(sampler, card, **{**card.sampling_options(Options), **given})
     s.validate(card)
     if s.needs_draft and s.draft_kind == "head":
-        drafter_path(card, s.options.drafter)
+        card.drafter_path(s.options.drafter)
     elif s.needs_draft:
-        check_draft_card(card, s.options.draft or card.get("draft", ""))
+        card.draft_card(s.options.draft)
     return s
-
-
-def drafter_path(card: dict, path: str = "") -> Path:
-    """The draft head a ``draft_kind="head"`` sampler (eagle) uses: ``path``, or the file the card lists next to the
-    pipeline (``"drafter"``); a one-line error saying how to make one when there is none."""
-    name = ModelSpec.from_card(card).name
-    if path:
-        p = Path(path).expanduser()
-    elif card.get("drafter") and card.get("_folder"):
-        p = Path(card["_folder"]) / card["drafter"]
-    else:
-        raise VGenError(f"{name} ships no draft head: train one with `vgen train recipe=drafter recipe.model={name} "
-                        "recipe.install=true`, or pass drafter=<drafter.safetensors>")
-    if not p.is_file():
-        raise VGenError(f"draft head {p} does not exist: train one with `vgen train recipe=drafter "
-                        f"recipe.model={name}` and pass the drafter.safetensors it writes")
-    return p
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def check_draft_card(card: dict, draft: str) -> None:
-    """A draft must make the target's tokens: the same tokenizer (file contents), token grid, token type and
-    classes. Checked from the two cards, before any weights load."""
-    if not draft:
-        raise VGenError(f"{ModelSpec.from_card(card).name} names no draft model: pass draft=<zoo name or folder>")
-    dcard = read_card(draft)
-    bad = ModelSpec.from_card(card).token_mismatch(ModelSpec.from_card(dcard))
-    if bad:
-        raise VGenError(f"draft {draft!r} has another {bad[0]} ({bad[1]}) than the target ({bad[2]}): a draft must "
-                        "be trained on the target's tokenizer and grid")
-    if "_folder" in card and "_folder" in dcard:
-        tf, df = Path(card["_folder"]) / card["tokenizer"], Path(dcard["_folder"]) / dcard["tokenizer"]
-        if tf.exists() and df.exists() and tf.stat().st_size + df.stat().st_size < 2 ** 28 and _sha256(tf) != _sha256(df):
-            raise VGenError(f"draft {draft!r} comes with another tokenizer than the target ({df} differs from {tf}): "
-                            "its tokens mean something else; train the draft on the target's tokenizer")
-
-
-def check_prompt(card: dict, prompt, frames: int) -> None:
-    """Frame-conditioned generation, checked from the card (before weights load): a video model, a uint8 clip
-    of the model's frame size with at least ``frames`` frames, and at least one frame left to generate."""
-    from vgen.interfaces import ModelSpec
-    spec = ModelSpec.from_card(card)
-    if not spec.is_video:
-        raise VGenError(f"prompt frames condition video models, but {spec.name} makes images: drop the prompt")
-    total = spec.token_shape[0]
-    if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames < total:
-        raise VGenError(f"prompt_frames must be 1..{total - 1} (the model makes {total} frames and needs at least "
-                        f"one to generate), got {frames!r}")
-    if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.uint8 or prompt.dim() not in (4, 5) \
-            or prompt.shape[-3] != 3:
-        got = tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
-        raise VGenError(f"a prompt is a uint8 clip (T, 3, H, W) or clips (N, T, 3, H, W), got {got}")
-    if prompt.shape[-4] < frames:
-        raise VGenError(f"the prompt has {prompt.shape[-4]} frame(s) but prompt_frames={frames}: give a longer clip "
-                        "or fewer prompt frames")
-    size = card.get("image_size")
-    if size is not None and tuple(prompt.shape[-2:]) != (size, size):
-        raise VGenError(f"prompt frames are {prompt.shape[-2]}x{prompt.shape[-1]} pixels but this model makes "
-                        f"{size}x{size} frames: resize the clip to {size}x{size}")
 
 
 @dataclass
@@ -210,24 +89,27 @@ class Generation:
 
 
 class Pipeline:
-    """A model, its tokenizer and the card (recommended settings, class names)."""
+    """A model, its tokenizer and the card (:class:`vgen.cards.Card`: recommended settings, class names). A card
+    given as a dict (a pipeline built in memory) is read on top of the model's facts."""
 
-    def __init__(self, model, tokenizer, card: dict | None = None):
+    def __init__(self, model, tokenizer, card: Card | dict | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer.eval()
-        self.card = card or {}
+        self.card = card if isinstance(card, Card) else Card.from_model(model, card)
         if hasattr(model, "attach_tokenizer"):  # next-scale models build each scale's input with the tokenizer
             model.attach_tokenizer(tokenizer)
-        self.card.setdefault("generation", str(model.order))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
-        from vgen.models import load_official
         device = validate.device(device)
-        card = read_card(name_or_path)
-        folder = Path(card["_folder"])
-        model = load_official(card["model_kind"], folder / card["model"], device=device, dtype=dtype)
-        tok = load_official(card["tokenizer_kind"], folder / card["tokenizer"], device=device)
+        return cls.from_card(Card.load(name_or_path), device, dtype)
+
+    @classmethod
+    def from_card(cls, card: Card, device="cpu", dtype=None) -> Pipeline:
+        """The pipeline a loaded card describes: its model and tokenizer files read."""
+        device = validate.device(device)
+        model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype)
+        tok = load_official(card.tokenizer_kind, card.tokenizer_path, device=device)
         return cls(model, tok, card)
 
     @property
@@ -236,7 +118,7 @@ class Pipeline:
 
     @property
     def class_names(self) -> list[str]:
-        return list(self.card.get("class_names") or [str(i) for i in range(self.num_classes)])
+        return list(self.card.class_names or [str(i) for i in range(self.num_classes)])
 
     @property
     def device(self):
@@ -280,7 +162,7 @@ class Pipeline:
     def draft_for(self, sampler):
         """What ``sampler`` drafts with: a draft model (cspd) or a draft head (eagle), loaded once and kept."""
         if sampler.draft_kind == "head":
-            path = drafter_path(self.card, sampler.options.drafter)
+            path = self.card.drafter_path(sampler.options.drafter)
             heads = self.__dict__.setdefault("_heads", {})
             if str(path) not in heads:
                 from vgen.models.drafter import load_drafter
@@ -292,11 +174,10 @@ class Pipeline:
     def draft_model(self, name: str = ""):
         """The draft model a speculative sampler runs next to this one: ``name`` (a zoo name or pipeline folder;
         '' = the card's ``draft``), loaded once and kept."""
-        name = name or self.card.get("draft", "")
+        name = name or self.card.draft
         drafts = self.__dict__.setdefault("_drafts", {})
         if name not in drafts:
-            check_draft_card(self.card, name)
-            drafts[name] = Pipeline.from_pretrained(name, device=self.device).model
+            drafts[name] = Pipeline.from_card(self.card.draft_card(name), device=self.device).model
         return drafts[name]
 
     @torch.inference_mode()
@@ -304,7 +185,7 @@ class Pipeline:
         """The first ``frames`` frames of a clip (uint8 (T, 3, H, W)) or of one clip per sample ((n, T, 3, H, W))
         -> the token prefix (n, frames * h * w) that frame-conditioned generation continues."""
         from vgen.data import to_model_range
-        check_prompt(self.card, prompt, frames)
+        self.card.check_prompt(prompt, frames)
         clips = prompt.unsqueeze(0) if prompt.dim() == 4 else prompt
         if clips.shape[0] not in (1, n):
             raise VGenError(f"got {clips.shape[0]} prompt clips for {n} samples: give one clip, or one per sample")
@@ -337,10 +218,7 @@ class Pipeline:
             seeds = [validate.seed(x) for x in seeds]
         s = s.resolved(self.model, n, batch_size or n)  # compile=auto decided here, so stats say what ran
         t0 = time.perf_counter()
-        codebook = self.tokenizer.codebook() if s.needs_codebook else None
-        draft = self.draft_for(s) if s.needs_draft else None
-        tokens, stats = s(self.model, cond.to(self.device), seeds, progress=progress,
-                          codebook=codebook, batch_size=batch_size, prefix=prefix, draft=draft)
+        tokens, stats = self.sample_tokens(s, cond, seeds, batch_size=batch_size, progress=progress, prefix=prefix)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
@@ -348,6 +226,16 @@ class Pipeline:
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
         return Generation(pixels, tokens, cond.cpu(), seeds, stats, None if step_map is None else step_map.cpu())
+
+    def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
+                      progress: bool = False, prefix: torch.Tensor | None = None):
+        """Run ``sampler`` (from :meth:`make_sampler`) on this pipeline's model with what it needs wired in (the
+        tokenizer's codebook, the draft model or head): (tokens (N, seq_len), stats). ``generate`` and the bench
+        both sample through here."""
+        codebook = self.tokenizer.codebook() if sampler.needs_codebook else None
+        draft = self.draft_for(sampler) if sampler.needs_draft else None
+        return sampler(self.model, cond.to(self.device), seeds, progress=progress, codebook=codebook,
+                       batch_size=batch_size, prefix=prefix, draft=draft)
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -364,14 +252,8 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
     save_safetensors(model.state_dict(), folder / mfile, metadata={"config": json.dumps(model.config_dict())})
     save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
     card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
-            "generation": str(model.order), "num_classes": model.num_classes,
-            "token_shape": list(model.token_shape),
-            "class_names": class_names or [str(i) for i in range(model.num_classes)],
+            **model_facts(model), "class_names": class_names or [str(i) for i in range(model.num_classes)],
             "sampling": sampling or {}, **(extra or {})}
-    if model.token_type.kind == "latents":
-        card.update(token_kind="latents", latent_channels=model.token_type.channels)
-    else:
-        card["vocab_size"] = model.token_type.vocab_size
     down = getattr(getattr(tokenizer, "config", None), "downsample", None)
     if isinstance(down, int) and len(model.token_shape) > 1:  # pixels per side of an image or frame
         card.setdefault("image_size", model.token_shape[-1] * down)

@@ -40,7 +40,7 @@ def ordering(n: int) -> dict:
     sets = {"held-out real crops": ("real", real)}
     for model in ("photos-gpt", "photos-var", "photos-nar"):
         pipe = load_pipeline(model)
-        sets[f"zoo samples ({model}, {pipe.card.get('generation', '')})"] = (
+        sets[f"zoo samples ({model}, {pipe.card.order})"] = (
             "zoo", pipe.generate(labels, seed=0, batch_size=32).images)
     g = torch.Generator().manual_seed(0)
     sets["uniform noise"] = ("noise", torch.randint(0, 256, real.shape, generator=g, dtype=torch.uint8))

@@ -25,7 +25,7 @@ def main():
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     pipe, target = load_target("photos-gpt", "cpu")
-    s = pipe.card["sampling"]
+    s = pipe.card.sampling
     head = load_drafter(a.drafter)
     feats = torch.load(f"{a.run}/features_self_test.pt", weights_only=True)["features"][:a.n]
     codes = torch.load(f"{a.run}/self_test.pt", weights_only=True)["codes"][:a.n]

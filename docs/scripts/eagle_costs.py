@@ -54,7 +54,7 @@ def setup(drafter: str = ""):
     torch.set_grad_enabled(False)
     pipe = vgen.load_pipeline("photos-gpt")
     m = pipe.model
-    d = load_drafter(drafter or pipe.card["_folder"] + "/" + pipe.card["drafter"])
+    d = load_drafter(drafter or pipe.card.drafter_path())
     cache, dc = m.new_cache(2), d.new_cache(m, 2)
     m.prefill(torch.tensor([1, m.num_classes]), cache)
     if dc is not None:

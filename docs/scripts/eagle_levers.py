@@ -37,7 +37,6 @@ import vgen
 import vgen.kernels.linear as KL
 import vgen.samplers.eagle as E
 from vgen.models.drafter import InferenceHead, load_drafter
-from vgen.pipeline import drafter_path
 
 HEAD: dict = {}  # the eagle runs' drafter option (--drafter)
 PARTS: dict = dict(window=4, accept="exact")  # parts' eagle setting (--window, --accept, --delta: eagle's own if unset)
@@ -165,7 +164,7 @@ def draft_temp(pipe):
 def bf16(pipe):
     """The head's products at batch 1 with CFG (2 rows), as InferenceHead runs them (``x @ W``, W stored (in, out)):
     fp32 against bf16 weights with the casts in and out, medians of 5 rounds of 400 calls, microseconds."""
-    head = load_drafter(drafter_path(pipe.card, HEAD.get("drafter", ""))).inference(pipe.model)
+    head = load_drafter(pipe.card.drafter_path(HEAD.get("drafter", ""))).inference(pipe.model)
     for name in ("wg", "wqkv", "wo", "w13", "w2"):
         w = getattr(head, name, None)
         if w is None:
@@ -216,7 +215,7 @@ def head_function(emb, wg, wqkv, w13, w2, wo, cos, sin, kc, vc, slots, feats, to
 
 def script(pipe):
     m = pipe.model
-    head = load_drafter(drafter_path(pipe.card, HEAD.get("drafter", ""))).inference(m)
+    head = load_drafter(pipe.card.drafter_path(HEAD.get("drafter", ""))).inference(m)
     scripted = torch.jit.script(head_function)
     for S in (1, 4):
         cache = head.new_cache(m, 2)

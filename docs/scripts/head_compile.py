@@ -43,7 +43,7 @@ def main():
     rows = []
     for name in a.models:
         pipe = load_pipeline(name)
-        m, opts = pipe.model, pipe.card.get("sampling", {})
+        m, opts = pipe.model, pipe.card.sampling
         clip = float(opts.get("clip_x0", 0.0))
         D, C = m.diffloss.net.cond_embed.in_features, m.token_channels
         for R in a.rows:

@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
+from vgen.io import command_line
+
 
 def sampler_schema(*sampler_classes) -> type:
     """The ``sampler=<name>`` config node of the classes registered under one name (one per generation order):
@@ -40,15 +42,6 @@ def _resolve(t):
     if not isinstance(t, str):
         return t
     return {"float": float, "int": int, "bool": bool, "str": str}.get(t, Any)
-
-
-def command_line() -> list[str]:
-    """The overrides the running Hydra app was given (empty outside one)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return list(HydraConfig.get().overrides.task)
-    except ValueError:  # no Hydra app is running
-        return []
 
 
 def record_config(cfg, folder) -> None:
@@ -177,7 +170,7 @@ class TrainSchema:
 
 
 def register() -> None:
-    from vgen.pipeline import list_models
+    from vgen.cards import list_models
     from vgen.samplers import list_samplers, sampler_classes
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,

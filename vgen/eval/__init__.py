@@ -3,7 +3,8 @@ FVD (I3D, FVD-photo), feature extractors, ADM .npz export, bench."""
 from vgen.eval.adm import evaluate, features, reference_stats
 from vgen.eval.fvd import fvd, load_videos
 from vgen.eval.fvd import REFERENCES as VIDEO_REFERENCES
-from vgen.eval.metrics import BACKENDS, REFERENCES, export_npz, fid, load_images
+from vgen.eval.metrics import BACKENDS, export_npz, fid
+from vgen.eval.sources import REFERENCES, load_images
 
 __all__ = ["fid", "fvd", "evaluate", "features", "reference_stats", "export_npz", "load_images", "load_videos",
            "BACKENDS", "REFERENCES", "VIDEO_REFERENCES"]

@@ -27,17 +27,17 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from vgen.errors import VGenError, VGenWarning
+from vgen.eval.sources import ImageSource
 
 SUITES = ("adm",)
 SUITE_EXTRACTORS = ("photo", "inception")
@@ -53,113 +53,6 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-# ---------------------------------------------------------------------------------------------- image sources
-class ImageSource:
-    """Images to score, read in batches of uint8 (B, 3, H, W): a registered reference name (``photos-test``), a
-    folder of images, an ADM ``.npz`` (``arr_0`` uint8 NHWC, streamed), or a uint8 tensor / array (NCHW or NHWC).
-    Everything is checked on construction (count, shape, dtype), before any feature is computed."""
-
-    def __init__(self, source, what: str = "samples"):
-        from vgen.eval.metrics import REFERENCES, check_image_files, list_images, load_images
-        self.what, self.source = what, source
-        self._files = self._images = self._npz = None
-        self.stats = None
-        if isinstance(source, str) and source in REFERENCES:
-            self._images, self._key = load_images(source, what)
-            self.kind, self.name = "registered", source
-        elif isinstance(source, (str, os.PathLike)):
-            p = Path(source).expanduser()
-            self.name = str(p)
-            if p.is_dir():
-                self.kind = "folder"
-                self._files = list_images(p, what)
-                if not self._files:
-                    raise VGenError(f"{what}: no images (.png, .jpg, ...) in folder {p}")
-                check_image_files(self._files, what)
-            elif p.is_file() and p.suffix == ".npz":
-                from vgen.eval.npz import NpzArray, npz_keys, read_stats
-                self.kind = "npz"
-                self.stats = read_stats(p, what)
-                if "arr_0" in npz_keys(p, what) or self.stats is None:
-                    self._npz = NpzArray(p, "arr_0", what)
-                    s = self._npz.shape
-                    if len(s) == 5:
-                        raise VGenError(f"{what}: {p}: arr_0 {s} holds video clips: score them with `vgen eval fvd`")
-                    if self._npz.dtype != np.uint8 or len(s) != 4 or s[-1] != 3:
-                        raise VGenError(f"{what}: {p}: arr_0 is {self._npz.dtype} {s}; the ADM layout is uint8 "
-                                        "(N, H, W, 3)")
-            else:
-                names = ", ".join(REFERENCES)
-                raise VGenError(f"{what}: {str(source)!r} is neither a folder of images, an .npz file, nor a "
-                                f"registered reference ({names})")
-        else:
-            self._images, _ = load_images(source, what)
-            self.kind, self.name = "array", f"array{tuple(self._images.shape)}"
-
-    def __len__(self) -> int:
-        if self._files is not None:
-            return len(self._files)
-        if self._npz is not None:
-            return len(self._npz)
-        return 0 if self._images is None else len(self._images)
-
-    @property
-    def has_images(self) -> bool:
-        return len(self) > 0
-
-    def batches(self, n: int) -> Iterator[torch.Tensor]:
-        if self._files is not None:
-            from vgen.io import read_pngs
-            for i in range(0, len(self._files), n):
-                yield read_pngs(self._files[i:i + n])
-        elif self._npz is not None:
-            for b in self._npz.batches(n):
-                yield torch.from_numpy(b).permute(0, 3, 1, 2).contiguous()
-        elif self._images is not None:
-            for i in range(0, len(self._images), n):
-                yield self._images[i:i + n]
-
-    def key(self) -> str:
-        """Names the data for caches: the registered name, else a digest of the bytes."""
-        if self.kind == "registered":
-            return self._key
-        h = hashlib.sha1()
-        if self._files is not None:
-            for f in self._files:
-                h.update(f.name.encode())
-                h.update(f.read_bytes())
-        elif self.kind == "npz":
-            from vgen.eval.extractors import file_digest
-            return "data-" + file_digest(self.source)
-        else:
-            h.update(self._images.numpy().tobytes())
-        return "data-" + h.hexdigest()[:16]
-
-    def labels_seeds(self) -> tuple[list[int], list[int]] | None:
-        """Per-image class labels and seeds where the data records them: a ``vgen sample`` folder (its
-        ``stats.json``: sample i has seed ``seed + i``) or an npz with ``arr_1`` (labels) and ``seeds``."""
-        if self.kind == "folder":
-            st = Path(self.source) / "stats.json"
-            try:
-                d = json.loads(st.read_text())
-                labels, seed = d["labels"], int(d["seed"])
-            except (OSError, ValueError, KeyError, TypeError):
-                return None
-            idx = [int(f.stem) for f in self._files if f.stem.isdigit()]
-            if len(idx) != len(self._files) or max(idx, default=-1) >= len(labels):
-                return None
-            return [int(labels[i]) for i in idx], [seed + i for i in idx]
-        if self.kind == "npz":
-            from vgen.eval.npz import NpzArray, npz_keys
-            keys = npz_keys(self.source, self.what)
-            if "arr_1" in keys and "seeds" in keys:
-                labels = NpzArray(self.source, "arr_1", self.what).read().reshape(-1).tolist()
-                seeds = NpzArray(self.source, "seeds", self.what).read().reshape(-1).tolist()
-                if len(labels) == len(seeds) == len(self):
-                    return [int(x) for x in labels], [int(x) for x in seeds]
-        return None
 
 
 def seeds_repeated_across_classes(labels: list[int], seeds: list[int]) -> tuple[int, int, int] | None:
@@ -454,7 +347,7 @@ def evaluate(samples, reference="photos-test", suite: str = "adm", extractor="ph
                              "weights_sha256": sha256_file(dfx.weights), "features": int(d_s.shape[1])}
     import torch_fidelity
 
-    import vgen
+    from vgen.version import __version__
     out.update({
         "suite": suite, "num_samples": len(x), "num_reference": len(y) if y.has_images else None,
         "samples": x.name, "reference": y.name, "reference_stats": ref.how,
@@ -465,7 +358,7 @@ def evaluate(samples, reference="photos-test", suite: str = "adm", extractor="ph
         "is_splits": is_splits, "is_split_size": IS_SPLIT,
         "precision_recall": f"torch-fidelity {torch_fidelity.__version__} prc: k={PR_K}, Euclidean float32, <=",
         "kid_subset_size": min(kid_subset_size, len(x), len(y)) if ref.feats is not None else None,
-        "vgen": vgen.__version__, "torch_fidelity": torch_fidelity.__version__, "warnings": notes,
+        "vgen": __version__, "torch_fidelity": torch_fidelity.__version__, "warnings": notes,
     })
     return out
 

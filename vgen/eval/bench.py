@@ -81,14 +81,14 @@ class Plan:
     """What a bench run will do, checked before any weights load: the sampler settings per model, the cells
     (model, setting, batch size) and the per-setting options."""
     cfg: object
-    cards: dict            # model -> card
+    cards: dict            # model -> its Card
     settings: dict         # setting string -> (sampler name, options given)
     cells: list            # (model, setting, batch size)
     options: dict          # options for every cell
     fidelity_reference: str | None
 
     def fits(self, model: str, setting: str) -> bool:
-        from vgen.interfaces import fitting_samplers
+        from vgen.samplers import fitting_samplers
         return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
 
     def sampler_options(self, setting: str, model: str | None = None) -> tuple[str, dict]:
@@ -103,7 +103,8 @@ class Plan:
 
 def plan(cfg) -> Plan:
     """Validate the bench config and every sampler setting against every model card (one-line errors)."""
-    from vgen.pipeline import read_card, resolve_sampler
+    from vgen.cards import Card
+    from vgen.pipeline import resolve_sampler
     opts_all = OmegaConf.to_container(cfg.options, resolve=True) if cfg.options else {}
     variants = [str(v) for v in cfg.samplers]
     if len(set(variants)) != len(variants):
@@ -116,7 +117,7 @@ def plan(cfg) -> Plan:
         raise VGenError(f"fid_samples must be 0 (off) or >= 2, got {cfg.fid_samples}")
     if cfg.fid_samples:
         from vgen.eval.extractors import ZOO_CLASSIFIER
-        from vgen.eval.metrics import REFERENCES, load_images
+        from vgen.eval.sources import REFERENCES, load_images
         if not ZOO_CLASSIFIER.exists():
             raise VGenError(f"FID-photo needs the zoo classifier at {ZOO_CLASSIFIER}: `vgen train recipe=photo`")
         if cfg.fid_reference not in REFERENCES:
@@ -136,7 +137,7 @@ def plan(cfg) -> Plan:
     settings = {v: parse_variant(v) for v in variants}
     if cfg.baseline:
         settings = {BASELINE: (BASELINE, {}), **settings}
-    p = Plan(cfg, {m: read_card(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
+    p = Plan(cfg, {m: Card.load(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
     if p.fidelity_reference is not None and str(p.fidelity_reference) not in variants:
         raise VGenError(f"fidelity_reference {p.fidelity_reference!r} must be one of the sampler settings {variants}")
     for v in variants:  # unknown samplers / options -> clear error before loading anything
@@ -158,7 +159,7 @@ def run(p: Plan) -> tuple[dict, dict]:
 
     from vgen.pipeline import Pipeline
     cfg = p.cfg
-    pipes = {m: Pipeline.from_pretrained(m, device=cfg.device) for m in cfg.models}
+    pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device) for m in cfg.models}
 
     def run_cell(m, v, b):
         """num_samples images (labels i % classes, seeds seed + i), at most b per forward pass (speculative
@@ -166,12 +167,9 @@ def run(p: Plan) -> tuple[dict, dict]:
         pipe, n = pipes[m], cfg.num_samples
         name, o = p.sampler_options(v, m)
         sampler = pipe.make_sampler(name, **o)
-        codebook = pipe.tokenizer.codebook() if sampler.needs_codebook else None
-        draft = pipe.draft_for(sampler) if sampler.needs_draft else None
         cond = torch.tensor([i % pipe.num_classes for i in range(n)], device=pipe.device)
         t0 = time.perf_counter()
-        _, st = sampler(pipe.model, cond, [cfg.seed + i for i in range(n)], codebook=codebook, batch_size=b,
-                        draft=draft)
+        _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
         per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
         return {**numeric(st), **per_depth, "seconds": time.perf_counter() - t0}
 
@@ -206,8 +204,7 @@ def run(p: Plan) -> tuple[dict, dict]:
 
 def report(p: Plan, measured: dict, quality: dict) -> dict:
     """Rows (medians and ratios within the run), the table, bench.json, bench.md and bench.png."""
-    from vgen.configs import command_line
-    from vgen.io import atomic_write_bytes, atomic_write_json
+    from vgen.io import atomic_write_bytes, atomic_write_json, command_line
     cfg = p.cfg
     rows = []
     for (m, v, b), runs in measured["runs"].items():
@@ -232,7 +229,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "threads": torch.get_num_threads(), "torch": torch.__version__},
         "peak_rss_mb": _peak_rss_mb(),
-        "sampling": {m: p.cards[m].get("sampling", {}) for m in cfg.models},
+        "sampling": {m: p.cards[m].sampling for m in cfg.models},
         "rows": rows,
     }
     out = Path(cfg.outdir)
@@ -259,7 +256,7 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                 r["kv_vs_ref"] = r["kv_cache_bytes"] / base["kv_cache_bytes"]
                 r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
         for ref in (BASELINE, "ar"):
-            for m in (r["model"], p.cards[r["model"]].get("compare_to")):
+            for m in (r["model"], p.cards[r["model"]].compare_to or None):
                 base = next((x for x in rows if x["model"] == m and x["batch_size"] == r["batch_size"]
                              and x["sampler"] == ref), None)
                 if base is not None:

@@ -11,11 +11,8 @@ excluded), an ADM-style ``.npz`` (``arr_0``, uint8 NHWC), or a registered refere
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import warnings
-import zipfile
 import tempfile
 from pathlib import Path
 
@@ -25,114 +22,13 @@ import torch
 from vgen.errors import VGenError
 from vgen.io import cache_dir
 from vgen.eval.extractors import EXTRACTORS, ZOO_CLASSIFIER, file_digest, inception_weights_path
+from vgen.eval.sources import ImageSource, load_images
 
 BACKENDS = ("torch-fidelity", "clean-fid")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-# Registered references: name -> photos() arguments (held-out test region / training crops, 64 px).
-REFERENCES = {
-    "photos-test": dict(split="test", n=1000, seed=0, size=64),
-    "photos-train": dict(split="train", n=1000, seed=0, size=64),
-}
-
-
-VIDEO_SUFFIXES = (".mp4", ".gif")
-
-
-def list_images(folder: Path, what: str = "samples") -> list[Path]:
-    """The images of a folder (``grid.png`` and hidden files skipped). A folder of clips (``vgen sample`` of a
-    video model: MP4 / GIF / strip PNGs) is refused: its strips are not samples of an image model."""
-    clips = [p for p in folder.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES and not p.name.startswith(".")]
-    if clips:
-        raise VGenError(f"{what}: {folder} holds video clips ({clips[0].name}, ...): score them with `vgen eval fvd "
-                        f"samples={folder}` (FVD); FID / the ADM suite score images")
-    files = sorted(p for p in folder.iterdir()
-                   if p.suffix.lower() in IMAGE_SUFFIXES and p.name != "grid.png" and not p.name.startswith("."))
-    return files
-
-
-def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
-    """-> (uint8 (N, 3, H, W) tensor, a key naming the data for caches)."""
-    if isinstance(source, str) and source in REFERENCES:
-        a = REFERENCES[source]
-        return _registered(source), f"{source}-n{a['n']}-s{a['seed']}-{a['size']}px"
-    if isinstance(source, (str, os.PathLike)):
-        p = Path(source).expanduser()
-        if p.is_dir():
-            files = list_images(p, what)
-            if not files:
-                raise VGenError(f"{what}: no images ({', '.join(IMAGE_SUFFIXES)}) in folder {p}")
-            images = _read_files(files, what)
-        elif p.is_file() and p.suffix == ".npz":
-            try:
-                with np.load(p) as z:
-                    if "arr_0" not in z:
-                        raise VGenError(f"{what}: {p} has no 'arr_0' array (the ADM evaluator's layout)")
-                    arr = z["arr_0"]
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # not a zip, truncated, pickled objects
-                raise VGenError(f"{what}: {p} is not a readable .npz ({str(e).splitlines()[0]}): write it again "
-                                "with `vgen eval npz`") from None
-            images = _from_array(arr, what, nhwc=True)
-        else:
-            names = ", ".join(REFERENCES)
-            raise VGenError(f"{what}: {str(source)!r} is neither a folder of images, an .npz file, nor a "
-                            f"registered reference ({names})")
-    else:
-        images = _from_array(source, what, nhwc=False)
-    return images, "data-" + hashlib.sha1(images.numpy().tobytes()).hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=2)
-def _registered(name: str) -> torch.Tensor:
-    from vgen.data import photos
-    a = REFERENCES[name]
-    return photos(a["split"], a["n"], seed=a["seed"], size=a["size"]).images
-
-
-def _read_files(files: list[Path], what: str) -> torch.Tensor:
-    from vgen.io import read_pngs
-    check_image_files(files, what)
-    return read_pngs(files)
-
-
-def check_image_files(files: list[Path], what: str) -> None:
-    """Every file a readable image and all of one size: a one-line error naming the file otherwise."""
-    from PIL import Image, UnidentifiedImageError
-    sizes = set()
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                im.verify()
-                sizes.add(im.size)
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise VGenError(f"{what}: {f} is not a readable image ({str(e).splitlines()[0]}): remove or replace "
-                            "it") from None
-    if len(sizes) > 1:
-        raise VGenError(f"{what}: images in {files[0].parent} differ in size ({sorted(sizes)[:3]}...): "
-                        "resize them to one size first")
-
-
-def _from_array(x, what: str, nhwc: bool) -> torch.Tensor:
-    t = torch.as_tensor(np.asarray(x)) if not torch.is_tensor(x) else x.detach().cpu()
-    if t.dtype != torch.uint8:
-        raise VGenError(f"{what}: expected uint8 images (0..255), got dtype {t.dtype}; convert with "
-                        "vgen.data.to_uint8")
-    if t.dim() == 5:
-        raise VGenError(f"{what}: a 5-d array {tuple(t.shape)} holds video clips: score them with `vgen eval fvd` "
-                        "(vgen.eval.fvd); FID / the ADM suite score images (N, 3, H, W)")
-    if t.dim() != 4:
-        raise VGenError(f"{what}: expected a 4-d batch of images, got shape {tuple(t.shape)}")
-    if nhwc or (t.shape[1] != 3 and t.shape[-1] == 3):
-        t = t.permute(0, 3, 1, 2)
-    if t.shape[1] != 3:
-        raise VGenError(f"{what}: expected 3 colour channels, got shape {tuple(t.shape)}")
-    return t.contiguous()
-
-
 def export_npz(images, path: str | os.PathLike, batch_size: int = 256) -> Path:
     """Write images as the ADM evaluator's sample batch: ``arr_0``, uint8 (N, H, W, 3), streamed and atomically;
     for a ``vgen sample`` folder also ``arr_1`` (class labels, as guided-diffusion's sampler writes them) and
     ``seeds`` (each sample's seed), which ``vgen eval suite=adm`` checks."""
-    from vgen.eval.adm import ImageSource
     from vgen.eval.npz import write_npz
     src = ImageSource(images, "images")
     first = next(src.batches(1))

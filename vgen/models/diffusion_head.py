@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vgen.interfaces import HeadSample
+
 TRAIN_STEPS = 1000
 HEAD_RUN = 10  # reverse steps per call of DiffusionHead.reverse_steps (a compiled graph per run length)
 
@@ -228,19 +230,6 @@ def gaussian_step(c, x: torch.Tensor, out: torch.Tensor, clip_x0: float) -> Step
 @functools.lru_cache(maxsize=16)
 def schedule(num_steps: int) -> Schedule:
     return Schedule(int(num_steps))
-
-
-@dataclass
-class HeadSample:
-    """A head's draw: the token (B, C), and the Gaussian of its last step (mean, log-std, both already divided
-    by ``sqrt(abar)`` of the output level and with the temperature applied): the token's density given the path.
-    With ``path=True``: ``states`` (S + 1, B, C), the reverse process from the start noise to the last step's output
-    (before the division), and ``path_logpdf`` (B,), the sum of the steps' log-densities (float64)."""
-    token: torch.Tensor
-    mean: torch.Tensor
-    log_std: torch.Tensor
-    states: torch.Tensor | None = None
-    path_logpdf: torch.Tensor | None = None
 
 
 def gaussian_logpdf(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from vgen.errors import VGenError
-from vgen.interfaces import ModelSpec, Order, check_fits
+from vgen.interfaces import ModelSpec, Order
 from vgen.stats import merge_stats
 
 _SAMPLERS: dict[str, dict[Order, type[Sampler]]] = {}  # name -> the class doing that method for each order
@@ -274,10 +274,7 @@ class Sampler:
         if draft is None:
             raise VGenError(f"sampler {self.name!r} needs a draft model: pass draft=<model> (a Pipeline loads the one "
                             "its card names, or draft=<zoo name or folder>)")
-        bad = ModelSpec.of(model).token_mismatch(ModelSpec.of(draft))
-        if bad:
-            raise VGenError(f"the draft's {bad[0]} ({bad[1]}) differs from the target's ({bad[2]}): a draft must be "
-                            "trained on the target's tokenizer and grid")
+        ModelSpec.of(model).check_draft(ModelSpec.of(draft))
         return draft
 
     def _run(self, model, cond, seeds, progress, batch_size, **kw):
@@ -324,6 +321,32 @@ def sampler_class(name: str, model=None) -> type[Sampler]:
         order = model if isinstance(model, Order) else ModelSpec.of(model).order
         return _SAMPLERS[name].get(order, classes[0])
     return classes[0]
+
+
+def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
+    """Names of the registered samplers that drive this model's order."""
+    order = ModelSpec.of(model_or_card).order
+    return [n for n in list_samplers(include_hidden)
+            if any(c.order == order and (include_hidden or not c.hidden) for c in sampler_classes(n))]
+
+
+def check_fits(sampler: str, model_or_card) -> None:
+    """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
+    spec = ModelSpec.of(model_or_card)
+    orders = [c.order for c in sampler_classes(sampler)]
+    if spec.order not in orders:
+        raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
+                        f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
+
+
+def plain_sampler(model_or_card) -> str:
+    """The model's plain sampler (``ar``, ``var``, ``nar``): what runs when none is named, the baseline others
+    are compared to."""
+    order = ModelSpec.of(model_or_card).order
+    for n in list_samplers(include_hidden=True):
+        if any(c.order == order and c.plain for c in sampler_classes(n)):
+            return n
+    raise VGenError(f"no sampler is registered for {order} models")
 
 
 def option_names(name: str) -> set[str]:

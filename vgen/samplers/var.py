@@ -141,4 +141,4 @@ def calibrate_scalekv(pipe, budget: float = 0.1, num_samples: int = 16, seed: in
     m = pipe.model
     mass, spread = rec.table(len(m.patch_nums), m.config.depth)
     return calibrate(mass, spread, budget, m.patch_nums, m.config.depth, max_ratio,
-                     meta={"num_samples": num_samples, "seed": seed, "model": pipe.card.get("name", "?")})
+                     meta={"num_samples": num_samples, "seed": seed, "model": pipe.card.name})

@@ -24,7 +24,6 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -59,17 +58,19 @@ def load_pair(target: str, draft: str, device):
     causal continuous-token models over the photos' classes and the draft makes the target's tokens (same tokenizer
     and grid), and, once loaded, unless their heads run the same number of reverse steps."""
     from vgen.data import NUM_CLASSES
-    from vgen.pipeline import check_draft_card, load_pipeline, read_card
-    tc = read_card(target)
-    for name, c in ((target, tc), (draft, read_card(draft))):
-        if c.get("generation") != "continuous-next-token":
-            raise VGenError(f"{name} is not a causal continuous-token model ({c.get('model_kind')}): car-distill "
+    from vgen.cards import Card
+    from vgen.interfaces import Order
+    from vgen.pipeline import Pipeline
+    tc = Card.load(target)
+    for name, c in ((target, tc), (draft, Card.load(draft))):
+        if c.order != Order.CONTINUOUS_NEXT_TOKEN:
+            raise VGenError(f"{name} is not a causal continuous-token model ({c.model_kind}): car-distill "
                             "trains a CSpD draft for a CAR target (photos-car, photos-car-draft)")
-        if int(c.get("num_classes", 0)) != NUM_CLASSES:
-            raise VGenError(f"{name} has {c.get('num_classes')} classes, the photos it is distilled on {NUM_CLASSES}: "
+        if c.num_classes != NUM_CLASSES:
+            raise VGenError(f"{name} has {c.num_classes} classes, the photos it is distilled on {NUM_CLASSES}: "
                             "distil a model trained on the photos' classes")
-    check_draft_card(tc, draft)
-    tp, dp = load_pipeline(target, device=device), load_pipeline(draft, device=device)
+    dc = tc.draft_card(draft)
+    tp, dp = Pipeline.from_card(tc, device=device), Pipeline.from_card(dc, device=device)
     if tp.model.num_sampling_steps != dp.model.num_sampling_steps:
         raise VGenError(f"{draft} runs {dp.model.num_sampling_steps} head steps, {target} "
                         f"{tp.model.num_sampling_steps}: their reverse paths cannot be compared step by step")
@@ -200,9 +201,9 @@ def train_car_distill(cfg: CarDistillConfig) -> dict:
     run, dev = start_run(cfg)
     target = tp.model.eval().requires_grad_(False)
     draft = dp.model.float().eval().requires_grad_(True)
-    sampling = tp.card.get("sampling", {})
+    sampling = tp.card.sampling
     tok = tp.tokenizer.eval()
-    size = int(tp.card.get("image_size", 64))
+    size = tp.card.image_size or 64
     if cfg.contexts == "target":
         ctx = {split: target_contexts(run, tp, n, seed, split) for split, n, seed in
                (("train", cfg.n_seq, cfg.seed), ("test", cfg.n_test, cfg.seed + 1_000_000))}
@@ -231,7 +232,7 @@ def train_car_distill(cfg: CarDistillConfig) -> dict:
 
     step, last = train_loop(cfg, draft, opt, run, step_fn, desc="car-distill", clip=1.0, log_every=10,
                             on_save=on_save)
-    src = Path(dp.card["_folder"]) / dp.card["model"]
+    src = dp.card.model_path
     state, meta = read_safetensors(src, "")
     dtypes = {k: v.dtype for k, v in state.items()}
     new = {k: v.detach().cpu().to(dtypes[k]) for k, v in draft.state_dict().items()}
@@ -241,11 +242,11 @@ def train_car_distill(cfg: CarDistillConfig) -> dict:
     run.log({"step": step, "final": True, **metrics})
     folder = run.path / "pipeline"
     folder.mkdir(exist_ok=True)
-    card = {k: v for k, v in dp.card.items() if not k.startswith("_")}
+    card = dict(dp.card.data)
     card["name"] = f"{card.get('name', 'draft')}-distilled"
     card["distilled"] = {"target": cfg.target, "train": asdict(cfg), "metrics": metrics}
     save_safetensors(new, folder / card["model"], metadata={**meta, "train": json.dumps(asdict(cfg))})
     if card.get("tokenizer"):
-        atomic_write_bytes(folder / card["tokenizer"], (Path(dp.card["_folder"]) / card["tokenizer"]).read_bytes())
+        atomic_write_bytes(folder / card["tokenizer"], dp.card.tokenizer_path.read_bytes())
     atomic_write_json(folder / "pipeline.json", card)
     return metrics

@@ -87,7 +87,7 @@ def test_loss(model, d: dict, batch: int = 64, seed: int = 0) -> float:
 
 @recipe(ContinuousTrainConfig)
 def train_continuous(cfg: ContinuousTrainConfig) -> dict:
-    from vgen.models import build, load_official
+    from vgen.kinds import build, load_official
     run, device = start_run(cfg, needs=((cfg.tokenizer, "KL tokenizer", "kl"),))
     tokenizer = load_official("kl", cfg.tokenizer, device=device).eval()
     train = cached_latents(run, tokenizer, "train", cfg.n_train, cfg.seed)

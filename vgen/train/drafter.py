@@ -60,12 +60,12 @@ class DrafterTrainConfig(RecipeConfig):
 
 def load_target(name: str, device):
     """(pipeline, target GPT) for a drafter; one-line error unless it is a next-token GPT."""
+    from vgen.interfaces import Order
     from vgen.models.gpt import GPT
     from vgen.pipeline import load_pipeline
     pipe = load_pipeline(name, device=device)
-    if not isinstance(pipe.model, GPT) or pipe.model.token_type.kind != "codes" or pipe.card.get(
-            "generation") != "next-token":
-        raise VGenError(f"{name} is not a next-token GPT over codes ({pipe.card.get('model_kind')}): an EAGLE drafter "
+    if not isinstance(pipe.model, GPT) or pipe.model.token_type.kind != "codes" or pipe.card.order != Order.NEXT_TOKEN:
+        raise VGenError(f"{name} is not a next-token GPT over codes ({pipe.card.model_kind}): an EAGLE drafter "
                         "drafts for LlamaGen-style GPTs (photos-gpt, photos-video-gpt, official LlamaGen)")
     return pipe, pipe.model.eval().requires_grad_(False)
 
@@ -278,7 +278,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         g.manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g)
         r = drafter_losses(drafter, target, tr_feats[idx].to(device), tr_codes[idx], cfg.noise, g, cfg.depths,
-                           cfg.depth_decay, sampling=pipe.card.get("sampling", {}) if cfg.accept_weight else None)
+                           cfg.depth_decay, sampling=pipe.card.sampling if cfg.accept_weight else None)
         with torch.no_grad():
             top1 = (r["logits_q"][0].argmax(-1) == r["logits_p"][0].argmax(-1)).float().mean()
         loss = r["reg"] + cfg.cls_weight * r["cls"]
@@ -290,7 +290,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
 
     def held_out_metrics() -> dict:
         return {pre + k: v for pre, f, c in held_out
-                for k, v in evaluate(drafter, target, f, c, pipe.card.get("sampling", {}), depths=cfg.depths).items()}
+                for k, v in evaluate(drafter, target, f, c, pipe.card.sampling, depths=cfg.depths).items()}
 
     def on_save(step):
         run.log({"step": step, **held_out_metrics()})
@@ -305,7 +305,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
     out = run.path / "drafter.safetensors"
     save_drafter(drafter, out, extra={"train": asdict(cfg), "metrics": metrics, "target": cfg.model})
     if cfg.install:
-        install_drafter(pipe.card["_folder"], out)
+        install_drafter(pipe.card.folder, out)
     return metrics
 
 

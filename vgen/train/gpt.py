@@ -55,7 +55,7 @@ def train_gpt(cfg: GPTTrainConfig, model_cls=GPT, config_cls=GPTConfig, export_n
     returns logits (B, n, V) that predict ``tokens`` (from earlier anti-diagonals instead of earlier tokens).
     ``encode(tokenizer, split, n, seed) -> (codes, labels)`` gives the data (photo crops by default; video
     recipes pass clips encoded frame by frame)."""
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     run, device = start_run(cfg, needs=((cfg.tokenizer, "VQ tokenizer", "vq"),))
     tokenizer = load_official("vq", cfg.tokenizer, device=device).eval()
     tr_codes, tr_labels = (t.to(device) for t in cached_codes(run, tokenizer, "train", cfg.n_train, cfg.seed,

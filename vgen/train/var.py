@@ -63,7 +63,7 @@ def test_loss(model: VAR, tokenizer, codes: torch.Tensor, labels: torch.Tensor, 
 
 @recipe(VARTrainConfig)
 def train_var(cfg: VARTrainConfig) -> dict:
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     run, device = start_run(cfg, needs=((cfg.tokenizer, "multi-scale VQVAE", "msvq"),))
     tokenizer = load_official("msvq", cfg.tokenizer, device=device).eval()
     for p in tokenizer.parameters():

@@ -43,7 +43,7 @@ NAR_SAMPLING = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0}  # photos-gp
 def store_fp16(model, kind: str, out: Path):
     """Write ``<out>/<kind>.safetensors`` with fp16 tensors (config in the metadata) and load it back (as fp32),
     so the card can say what the rounding costs."""
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     half = {k: (v.half() if v.is_floating_point() else v) for k, v in model.state_dict().items()}
     save_safetensors(half, out / f"{kind}.safetensors", metadata={"config": json.dumps(model.config_dict())})
     return load_official(kind, out / f"{kind}.safetensors")
@@ -55,7 +55,7 @@ def export(vq_path: str, gpt_path: str, out: str, name: str, sampling: dict | No
     """A token-grid zoo pipeline: VQ tokenizer (fp32) + GPT or NAR (``kind``; stored fp16, test loss measured
     both ways). ``compare_to`` names the zoo model a benchmark takes the AR baseline from (photos-nar:
     photos-gpt, same tokenizer, data and training budget)."""
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.common import encode_split
     from vgen.train.gpt import test_loss
@@ -97,7 +97,7 @@ VAR_SAMPLING = {"cfg_scale": 2.5, "top_k": 100, "temperature": 1.0, "kv_calibrat
 def export_var(msvq_path: str, var_path: str, out: str, name: str, sampling: dict | None = None,
                n_test: int = 512, grid_seed: int = 0, grid: str | None = None) -> dict:
     """A next-scale zoo pipeline: multi-scale VQVAE (fp32) + VAR (stored fp16, test loss measured both ways)."""
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.common import encode_split
     from vgen.train.var import test_loss
@@ -143,7 +143,7 @@ def export_video(vq_path: str, model_path: str, out: str, name: str, kind: str =
     stored fp16, test loss on held-out clips measured both ways). Writes the card and, for the docs, a strip of
     frames per class (``docs/<name>-strip.png``) and a GIF of the first clips (``docs/<name>.gif``)."""
     from vgen.io import save_gif
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.gpt import test_loss
     from vgen.train.video import encode_clips
@@ -191,7 +191,7 @@ def export_continuous(kl_path: str, model_path: str, out: str, name: str, kind: 
                       draft: str | None = None, compare_to: str | None = None) -> dict:
     """A continuous-token zoo pipeline: the KL tokenizer (fp32) + a CAR or MAR (``kind``; stored fp16, held-out
     diffusion loss measured both ways). ``draft``: the zoo model ``cspd`` takes as its draft by default."""
-    from vgen.models import load_official
+    from vgen.kinds import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.continuous import encode_latents, test_loss
     from vgen.train.kl import evaluate, latent_stats

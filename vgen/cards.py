@@ -1,0 +1,278 @@
+"""The pipeline card (``pipeline.json``), parsed and checked once into a typed :class:`Card`.
+
+    {"model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq", "tokenizer": "vq.safetensors",
+     "generation": "next-token", "num_classes": 16, "token_shape": [16, 16], "vocab_size": 1024,
+     "class_names": [...], "sampling": {...}, "draft": "<zoo name or folder>", "drafter": "drafter.safetensors", ...}
+
+Everything a pipeline, the bench, the demo and a sampling job read from a card is a field of :class:`Card`; a card
+that does not hold what it should is refused by :meth:`Card.load` in one line naming the key, before any weights
+load. The file format is ``vgen.pipeline.save_pipeline``'s; :attr:`Card.data` keeps the file's JSON object as read
+(keys vgen does not read included), for tools that write a card back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vgen.errors import VGenError
+from vgen.interfaces import ModelSpec, Order, TokenType
+
+ZOO_DIR = Path(__file__).parent / "zoo"
+REQUIRED = ("model_kind", "model", "tokenizer_kind", "tokenizer", "num_classes")
+_REWRITE = "rewrite it with vgen.pipeline.save_pipeline"
+
+
+def list_models() -> list[str]:
+    """Names of the zoo pipelines shipped with vgen."""
+    if not ZOO_DIR.exists():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "pipeline.json").exists())
+
+
+def resolve(name_or_path: str) -> Path:
+    """Zoo name, folder, or Hugging Face Hub reference (``hf://owner/repo[/subfolder]``, resolved from the local HF
+    cache) -> folder holding pipeline.json (clear error otherwise)."""
+    from vgen import hub
+    if hub.is_hub_ref(name_or_path):
+        folder = hub.hub_folder(*hub.parse_hub_ref(name_or_path))
+        if (folder / "pipeline.json").exists():
+            return folder
+        raise VGenError(f"{name_or_path}: this Hugging Face Hub folder has no pipeline.json")
+    p = Path(name_or_path).expanduser()
+    if (p / "pipeline.json").exists():
+        return p
+    if (ZOO_DIR / name_or_path / "pipeline.json").exists():
+        return ZOO_DIR / name_or_path
+    avail = ", ".join(list_models()) or "(none installed)"
+    raise VGenError(f"unknown model {name_or_path!r}: use a zoo model ({avail}) or a folder containing "
+                    "pipeline.json")
+
+
+def model_facts(model) -> dict:
+    """What a card says about a model's tokens, read from the model: generation order, classes, token grid, token
+    type (``vocab_size``, or ``token_kind: latents`` and ``latent_channels``)."""
+    out = {"generation": str(model.order), "num_classes": model.num_classes, "token_shape": list(model.token_shape)}
+    if model.token_type.kind == "latents":
+        out.update(token_kind="latents", latent_channels=model.token_type.channels)
+    else:
+        out["vocab_size"] = model.token_type.vocab_size
+    return out
+
+
+class _Reader:
+    """Reads one card's keys with one-line errors naming the file, the key and the fix."""
+
+    def __init__(self, data: dict, where: str):
+        self.data, self.where = data, where
+
+    def fail(self, key: str, want: str):
+        raise VGenError(f"{self.where}: {key} must be {want}, got {self.data[key]!r}: correct it or {_REWRITE}")
+
+    def text(self, key: str, default: str = "") -> str:
+        v = self.data.get(key, default)
+        if v is None:
+            return default
+        if not isinstance(v, str):
+            self.fail(key, "a string")
+        return v
+
+    def count(self, key: str, default: int | None = None) -> int | None:
+        v = self.data.get(key)
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            self.fail(key, "a whole number >= 1")
+        return v
+
+    def counts(self, key: str) -> tuple[int, ...] | None:
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not v or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v):
+            self.fail(key, "a list of whole numbers >= 1")
+        return tuple(v)
+
+    def mapping(self, key: str) -> dict:
+        v = self.data.get(key)
+        if v is None:
+            return {}
+        if not isinstance(v, dict):
+            self.fail(key, "a JSON object")
+        return v
+
+
+@dataclass(frozen=True)
+class Card:
+    """A pipeline card, checked. ``folder`` is None for a pipeline built in memory (no files: kinds and file names
+    are then ''). ``sampling``: the recommended sampler options (any sampler's; each takes the ones it knows);
+    ``draft``: the draft pipeline speculative samplers (cspd) run beside this one; ``drafter``: the trained draft
+    head (eagle) next to it; ``compare_to``: the model whose AR the bench compares this one with."""
+    name: str
+    order: Order
+    num_classes: int
+    token_type: TokenType
+    token_shape: tuple[int, ...] | None = None
+    class_names: tuple[str, ...] = ()
+    folder: Path | None = None
+    model_kind: str = ""
+    model_file: str = ""
+    tokenizer_kind: str = ""
+    tokenizer_file: str = ""
+    sampling: dict = field(default_factory=dict)
+    draft: str = ""
+    drafter: str = ""
+    compare_to: str = ""
+    image_size: int | None = None  # pixels per side of an image or frame
+    frames: int | None = None
+    fps: int | None = None
+    patch_nums: tuple[int, ...] | None = None
+    metrics: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict, repr=False, compare=False)  # the JSON object as read
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> Card:
+        """The card of a zoo name, pipeline folder or Hub reference, checked (one-line errors)."""
+        folder = resolve(str(name_or_path))
+        path = folder / "pipeline.json"
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise VGenError(f"{path} is not valid JSON ({e}): {_REWRITE}") from None
+        if not isinstance(data, dict):
+            raise VGenError(f"{path} holds a {type(data).__name__}, not a JSON object: {_REWRITE}")
+        missing = [k for k in REQUIRED if k not in data]
+        if missing:
+            raise VGenError(f"{path} lacks {', '.join(missing)}: a pipeline card names the model and tokenizer files "
+                            "and kinds and the number of classes (vgen.pipeline.save_pipeline writes one)")
+        return cls.from_dict(data, folder, str(path))
+
+    @classmethod
+    def from_model(cls, model, data: dict | None = None) -> Card:
+        """The card of a pipeline built in memory: the model's facts, then ``data``'s keys (e.g. ``sampling``)."""
+        return cls.from_dict({**model_facts(model), **(data or {})}, None, "the pipeline card")
+
+    @classmethod
+    def from_dict(cls, data: dict, folder: Path | None, where: str) -> Card:
+        r = _Reader(data, where)
+        try:
+            order = Order(data.get("generation", Order.NEXT_TOKEN))
+        except ValueError:
+            r.fail("generation", "one of " + ", ".join(o.value for o in Order))
+        num_classes = r.count("num_classes", 0)
+        kind = r.text("token_kind", "codes")
+        if kind == "latents":
+            if "latent_channels" not in data:
+                raise VGenError(f"{where}: token_kind latents needs latent_channels (the values per token): "
+                                f"add it or {_REWRITE}")
+            token_type = TokenType.latents(r.count("latent_channels"))
+        elif kind == "codes":
+            vocab = r.count("vocab_size")
+            token_type = TokenType.codes(vocab) if vocab is not None else TokenType("codes")
+        else:
+            r.fail("token_kind", "codes or latents")
+        names = data.get("class_names")
+        if names is None:
+            names = [str(i) for i in range(num_classes)]
+        elif not isinstance(names, list) or not all(isinstance(x, str) for x in names):
+            r.fail("class_names", "a list of strings")
+        elif len(names) != num_classes:
+            r.fail("class_names", f"a list of num_classes ({num_classes}) names")
+        return cls(name=r.text("name") or (folder.name if folder is not None else "?"), order=order,
+                   num_classes=num_classes, token_type=token_type, token_shape=r.counts("token_shape"),
+                   class_names=tuple(names), folder=folder, model_kind=r.text("model_kind"),
+                   model_file=r.text("model"), tokenizer_kind=r.text("tokenizer_kind"),
+                   tokenizer_file=r.text("tokenizer"), sampling=r.mapping("sampling"), draft=r.text("draft"),
+                   drafter=r.text("drafter"), compare_to=r.text("compare_to"), image_size=r.count("image_size"),
+                   frames=r.count("frames"), fps=r.count("fps"), patch_nums=r.counts("patch_nums"),
+                   metrics=r.mapping("metrics"), data=data)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """What samplers check their options against (:meth:`ModelSpec.from_card`)."""
+        return ModelSpec.from_card(self)
+
+    @property
+    def model_path(self) -> Path:
+        return self._file(self.model_file)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self._file(self.tokenizer_file)
+
+    def _file(self, name: str) -> Path:
+        if self.folder is None:
+            raise VGenError(f"{self.name} was built in memory and has no files: save it with "
+                            "vgen.pipeline.save_pipeline first")
+        return self.folder / name
+
+    def sampling_options(self, options_cls) -> dict:
+        """The recommended options a sampler's ``Options`` class accepts, aliases resolved (e.g. an old card's VAR
+        ``cfg``); options naming files (``*_calibration``) resolved against the card's folder."""
+        out = options_cls.normalize({k: v for k, v in self.sampling.items() if k in options_cls.names()})
+        for k, v in out.items():
+            if k.endswith("_calibration") and isinstance(v, str) and self.folder is not None \
+                    and not Path(v).is_absolute():
+                out[k] = str(self.folder / v)
+        return out
+
+    def drafter_path(self, path: str = "") -> Path:
+        """The draft head a ``draft_kind="head"`` sampler (eagle) uses: ``path``, or the file the card lists next to
+        the pipeline (``drafter``); a one-line error saying how to make one when there is none."""
+        name = self.spec.name
+        if path:
+            p = Path(path).expanduser()
+        elif self.drafter and self.folder is not None:
+            p = self.folder / self.drafter
+        else:
+            raise VGenError(f"{name} ships no draft head: train one with `vgen train recipe=drafter "
+                            f"recipe.model={name} recipe.install=true`, or pass drafter=<drafter.safetensors>")
+        if not p.is_file():
+            raise VGenError(f"draft head {p} does not exist: train one with `vgen train recipe=drafter "
+                            f"recipe.model={name}` and pass the drafter.safetensors it writes")
+        return p
+
+    def draft_card(self, draft: str = "") -> Card:
+        """The card of the draft model ``draft`` ('' = the one this card names), checked to make this model's tokens:
+        the same tokenizer (file contents), token grid, token type and classes. Before any weights load."""
+        draft = draft or self.draft
+        if not draft:
+            raise VGenError(f"{self.spec.name} names no draft model: pass draft=<zoo name or folder>")
+        dcard = Card.load(draft)
+        self.spec.check_draft(dcard.spec, f"draft {draft!r}")
+        if self.folder is not None and self.tokenizer_file and dcard.tokenizer_file:
+            tf, df = self.tokenizer_path, dcard.tokenizer_path
+            if tf.exists() and df.exists() and tf.stat().st_size + df.stat().st_size < 2 ** 28 \
+                    and _sha256(tf) != _sha256(df):
+                raise VGenError(f"draft {draft!r} comes with another tokenizer than the target ({df} differs from "
+                                f"{tf}): its tokens mean something else; train the draft on the target's tokenizer")
+        return dcard
+
+    def check_prompt(self, prompt, frames: int) -> None:
+        """Frame-conditioned generation, checked from the card (before weights load): a video model, a uint8 clip
+        of the model's frame size with at least ``frames`` frames, and at least one frame left to generate."""
+        spec = self.spec
+        if not spec.is_video:
+            raise VGenError(f"prompt frames condition video models, but {spec.name} makes images: drop the prompt")
+        total = spec.token_shape[0]
+        if not isinstance(frames, int) or isinstance(frames, bool) or not 1 <= frames < total:
+            raise VGenError(f"prompt_frames must be 1..{total - 1} (the model makes {total} frames and needs at "
+                            f"least one to generate), got {frames!r}")
+        if not isinstance(prompt, torch.Tensor) or prompt.dtype != torch.uint8 or prompt.dim() not in (4, 5) \
+                or prompt.shape[-3] != 3:
+            got = tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt).__name__
+            raise VGenError(f"a prompt is a uint8 clip (T, 3, H, W) or clips (N, T, 3, H, W), got {got}")
+        if prompt.shape[-4] < frames:
+            raise VGenError(f"the prompt has {prompt.shape[-4]} frame(s) but prompt_frames={frames}: give a longer "
+                            "clip or fewer prompt frames")
+        size = self.image_size
+        if size is not None and tuple(prompt.shape[-2:]) != (size, size):
+            raise VGenError(f"prompt frames are {prompt.shape[-2]}x{prompt.shape[-1]} pixels but this model makes "
+                            f"{size}x{size} frames: resize the clip to {size}x{size}")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
