@@ -297,7 +297,8 @@ def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
     token and each sample's last pass (cut short by the end of the image) are left out."""
     sm = step_map.long()
     sm = sm - sm[:, :1]  # the prefill's pass: 0 (tokens are decided left to right: passes never decrease)
-    per_pass = torch.zeros(sm.shape[0], int(sm.max()) + 1, dtype=torch.long).scatter_add_(1, sm, torch.ones_like(sm))
+    per_pass = torch.zeros(sm.shape[0], int(sm.max()) + 1, dtype=torch.long, device=sm.device).scatter_add_(
+        1, sm, torch.ones_like(sm))
     per_pass[:, 0] = 0
     per_pass.scatter_(1, sm[:, -1:], 0)  # the last pass
     passes = int((per_pass > 0).sum())
