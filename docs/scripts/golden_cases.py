@@ -43,7 +43,7 @@ CASES = [
     ("photos-nar", "nar", (), {"batch_size": 3}),
     # continuous tokens
     ("photos-car", None, (), {}),
-    ("photos-car", "cspd", (), {}),
+    ("photos-car", "cspd", (), {"n": 2}),
     ("photos-mar", None, (), {}),
 ]
 
@@ -59,10 +59,11 @@ def run(pipes, case):
     if model not in pipes:
         pipes[model] = vgen.load_pipeline(model, device=DEVICE)
     call = dict(call)
+    labels = LABELS[:call.pop("n", len(LABELS))]
     if "prompt" in call:
         call["prompt_frames"] = call.pop("prompt")
         call["prompt"] = vgen.data.clips("test", 1).videos[0]
-    gen = pipes[model].generate(LABELS, sampler=sampler, seed=0, **call, **dict(options))
+    gen = pipes[model].generate(labels, sampler=sampler, seed=0, **call, **dict(options))
     return digest(gen.tokens.cpu()), digest(gen.step_map.cpu())
 
 
