@@ -239,6 +239,8 @@ class Pipeline:
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
+    """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
+    model in ``dtype`` (None: as stored)."""
     return Pipeline.from_pretrained(name, device=device, dtype=dtype)
 
 

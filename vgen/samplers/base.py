@@ -303,6 +303,7 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
 
 
 def list_samplers(include_hidden: bool = False) -> list[str]:
+    """The registered sampler names, sorted (``include_hidden``: also the reference loops benchmarks use)."""
     return sorted(n for n, by in _SAMPLERS.items() if include_hidden or not all(c.hidden for c in by.values()))
 
 
