@@ -310,8 +310,8 @@ class HeadChain:
     catches up on the pass's hidden states and drafts ``window - 1`` tokens, each from its own distribution."""
     step_fn = staticmethod(chain_step)
 
-    def __init__(self, model, config: StepConfig, head: InferenceHead, children: str, slots: int):
-        self.config, self.head, self.children = config, head, children
+    def __init__(self, model, config: StepConfig, head: InferenceHead, slots: int):
+        self.config, self.head = config, head
         self.step_args = {"drafter": head, "dcache": self.head_cache(model, 2 * slots if config.cfg else slots)}
 
     def head_cache(self, model, rows: int):
@@ -358,9 +358,9 @@ class HeadTree(HeadChain):
     scratch slots past the sequence in both caches."""
     step_fn = staticmethod(tree_step)
 
-    def __init__(self, model, config: StepConfig, head: InferenceHead, children: str, slots: int, tree: StaticTree):
-        self.tree = tree
-        super().__init__(model, config, head, children, slots)
+    def __init__(self, model, config: StepConfig, head: InferenceHead, slots: int, tree: StaticTree, children: str):
+        self.tree, self.children = tree, children
+        super().__init__(model, config, head, slots)
         self.step_args.update(tree=tree, children=children)
 
     def head_cache(self, model, rows: int):
@@ -397,9 +397,9 @@ class EagleSampler(SpeculativeSampler):
     def draft_source(self, model, config: StepConfig, slots: int, draft=None):
         o = self.options
         if o.tree:
-            return HeadTree(model, config, draft, o.children, slots, StaticTree.build(parse_tree(o.tree),
-                                                                                       next(model.parameters()).device))
-        return HeadChain(model, config, draft, o.children, slots)
+            tree = StaticTree.build(parse_tree(o.tree), next(model.parameters()).device)
+            return HeadTree(model, config, draft, slots, tree, o.children)
+        return HeadChain(model, config, draft, slots)
 
     def check_draft(self, model, draft):
         if not isinstance(draft, Drafter):
@@ -433,7 +433,7 @@ class EagleSampler(SpeculativeSampler):
         """The scheduler's run, plus the fraction of passes whose drafts were accepted to each depth."""
         tokens, stats = super().decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft, width)
         o = self.options
-        depth = StaticTree.build(parse_tree(o.tree), "cpu").depth_max if o.tree else o.window - 1
+        depth = max(map(len, parse_tree(o.tree))) if o.tree else o.window - 1  # a tree's deepest path
         stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], depth)
         return tokens, stats
 

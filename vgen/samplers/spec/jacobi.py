@@ -166,8 +166,7 @@ class JacobiDrafts:
     step_fn = staticmethod(jacobi_step)
 
     def __init__(self, model, config: StepConfig, options: JacobiOptions, slots: int):
-        self.model, self.config, self.init, self.fresh_q, self.coupling = (model, config, options.init,
-                                                                            options.fresh_q, options.coupling)
+        self.config, self.init, self.fresh_q, self.coupling = config, options.init, options.fresh_q, options.coupling
         self.gumbel = options.coupling == "gumbel"
         self.step_args = dict(init=self.init, fresh_q=self.fresh_q, coupling=self.coupling)
         if self.gumbel:  # each slot's sample's position keys (refilled with the slot)
