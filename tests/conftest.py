@@ -174,3 +174,39 @@ def inception(tmp_path_factory):
     """Randomly initialised weights of the standard Inception shapes (the whole Inception path, offline)."""
     from vgen.eval.extractors import random_inception_weights
     return random_inception_weights(tmp_path_factory.mktemp("inc") / "inception.safetensors")
+
+
+TINY_WORDS = ("a photo of the moon cat coffee rocket dark bright close-up wide left right part in black and white "
+              "warm cool mirrored").split()
+
+
+def tiny_text_encoder(caption_tokens: int = 8, d_model: int = 16):
+    """A word-level tokenizer over TINY_WORDS and a random one-layer T5 encoder: the FLAN-T5 path at toy size."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+    from vgen.models.text import TextEncoder
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(TINY_WORDS)}}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    t.normalizer = normalizers.Lowercase()
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    torch.manual_seed(5)
+    enc = T5EncoderModel(T5Config(vocab_size=len(vocab), d_model=d_model, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                                  dropout_rate=0.0, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1))
+    return TextEncoder(tok, enc.eval(), caption_tokens)
+
+
+@pytest.fixture
+def tiny_t2i_pipeline(tmp_path, tiny_vq):
+    """A pipeline folder with a random text-conditional GPT (8 caption positions), a tiny T5 encoder and the tiny
+    VQ: every text-to-image code path at toy size."""
+    from vgen.models import build
+    from vgen.pipeline import save_pipeline
+    text = tiny_text_encoder()
+    torch.manual_seed(0)
+    m = build("gpt", dim=64, n_layer=2, n_head=2, vocab_size=32, block_size=16, model_type="t2i", cls_token_num=8,
+              caption_dim=16)
+    torch.nn.init.normal_(m.output.weight, std=0.3)
+    return save_pipeline(tmp_path / "tinyt2i", m.eval(), tiny_vq, sampling={"cfg_scale": 2.0, "top_k": 8},
+                         text_encoder=text, examples=["a photo of the moon", "a dark photo of the cat"])

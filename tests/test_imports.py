@@ -12,7 +12,7 @@ LAYERS = [
     ("vgen.errors", "vgen.version"),
     ("vgen.io", "vgen.stats", "vgen.validate", "vgen.hub", "vgen.distributed", "vgen.data"),
     ("vgen.kernels",),
-    ("vgen.interfaces", "vgen.cards"),
+    ("vgen.interfaces", "vgen.conditions", "vgen.cards"),
     ("vgen.models.loading",),
     ("vgen.models",),
     ("vgen.tokenizers",),

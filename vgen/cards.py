@@ -22,7 +22,7 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order, TokenType
 
 ZOO_DIR = Path(__file__).parent / "zoo"
-REQUIRED = ("model_kind", "model", "tokenizer_kind", "tokenizer", "num_classes")
+REQUIRED = ("model_kind", "model", "tokenizer_kind", "tokenizer")  # and num_classes (class) or text_encoder (text)
 _REWRITE = "rewrite it with vgen.pipeline.save_pipeline"
 
 
@@ -56,6 +56,9 @@ def model_facts(model) -> dict:
     """What a card says about a model's tokens, read from the model: generation order, classes, token grid, token
     type (``vocab_size``, or ``token_kind: latents`` and ``latent_channels``)."""
     out = {"generation": str(model.order), "num_classes": model.num_classes, "token_shape": list(model.token_shape)}
+    if getattr(model, "conditioning", "class") == "text":
+        del out["num_classes"]
+        out["conditioning"] = "text"
     if model.token_type.kind == "latents":
         out.update(token_kind="latents", latent_channels=model.token_type.channels)
     else:
@@ -96,6 +99,14 @@ class _Reader:
             self.fail(key, "a list of whole numbers >= 1")
         return tuple(v)
 
+    def texts(self, key: str) -> tuple[str, ...]:
+        v = self.data.get(key)
+        if v is None:
+            return ()
+        if not isinstance(v, list) or not all(isinstance(x, str) and x.strip() for x in v):
+            self.fail(key, "a list of non-empty strings")
+        return tuple(v)
+
     def mapping(self, key: str) -> dict:
         v = self.data.get(key)
         if v is None:
@@ -110,7 +121,9 @@ class Card:
     """A pipeline card, checked. ``folder`` is None for a pipeline built in memory (no files: kinds and file names
     are then ''). ``sampling``: the recommended sampler options (any sampler's; each takes the ones it knows);
     ``draft``: the draft pipeline speculative samplers (cspd) run beside this one; ``drafter``: the trained draft
-    head (eagle) next to it; ``compare_to``: the model whose AR the bench compares this one with."""
+    head (eagle) next to it; ``compare_to``: the model whose AR the bench compares this one with. ``conditioning``:
+    ``class`` (``num_classes`` class ids) or ``text`` (prompts through the T5 encoder folder ``text_encoder``, with
+    ``examples`` prompts for calibration, benchmarks and the demo)."""
     name: str
     order: Order
     num_classes: int
@@ -131,6 +144,9 @@ class Card:
     fps: int | None = None
     patch_nums: tuple[int, ...] | None = None
     metrics: dict = field(default_factory=dict)
+    conditioning: str = "class"
+    text_encoder: str = ""
+    examples: tuple[str, ...] = ()
     data: dict = field(default_factory=dict, repr=False, compare=False)  # the JSON object as read
 
     @classmethod
@@ -144,10 +160,12 @@ class Card:
             raise VGenError(f"{path} is not valid JSON ({e}): {_REWRITE}") from None
         if not isinstance(data, dict):
             raise VGenError(f"{path} holds a {type(data).__name__}, not a JSON object: {_REWRITE}")
-        missing = [k for k in REQUIRED if k not in data]
+        text = data.get("conditioning") == "text"
+        missing = [k for k in REQUIRED + (("text_encoder",) if text else ("num_classes",)) if k not in data]
         if missing:
             raise VGenError(f"{path} lacks {', '.join(missing)}: a pipeline card names the model and tokenizer files "
-                            "and kinds and the number of classes (vgen.pipeline.save_pipeline writes one)")
+                            "and kinds and the number of classes, or a text model's text_encoder folder "
+                            "(vgen.pipeline.save_pipeline writes one)")
         return cls.from_dict(data, folder, str(path))
 
     @classmethod
@@ -163,6 +181,11 @@ class Card:
         except ValueError:
             r.fail("generation", "one of " + ", ".join(o.value for o in Order))
         num_classes = r.count("num_classes", 0)
+        conditioning = r.text("conditioning", "class")
+        if conditioning not in ("class", "text"):
+            r.fail("conditioning", "class or text")
+        if conditioning == "text":
+            num_classes = 0
         kind = r.text("token_kind", "codes")
         if kind == "latents":
             if "latent_channels" not in data:
@@ -188,7 +211,8 @@ class Card:
                    tokenizer_file=r.text("tokenizer"), sampling=r.mapping("sampling"), draft=r.text("draft"),
                    drafter=r.text("drafter"), compare_to=r.text("compare_to"), image_size=r.count("image_size"),
                    frames=r.count("frames"), fps=r.count("fps"), patch_nums=r.counts("patch_nums"),
-                   metrics=r.mapping("metrics"), data=data)
+                   metrics=r.mapping("metrics"), conditioning=conditioning, text_encoder=r.text("text_encoder"),
+                   examples=r.texts("examples"), data=data)
 
     @property
     def spec(self) -> ModelSpec:
@@ -208,6 +232,22 @@ class Card:
             raise VGenError(f"{self.name} was built in memory and has no files: save it with "
                             "vgen.pipeline.save_pipeline first")
         return self.folder / name
+
+    @property
+    def text_encoder_path(self) -> str:
+        """The text encoder's folder (relative names resolved against the card's folder) or a hub id in the local
+        cache; '' for a class model."""
+        if not self.text_encoder:
+            return ""
+        p = Path(self.text_encoder).expanduser()
+        if not p.is_absolute() and self.folder is not None and (self.folder / p).exists():
+            return str(self.folder / p)
+        return str(p) if p.is_absolute() or p.exists() else self.text_encoder
+
+    def condition(self, labels=None, prompts=None, default_all_classes: bool = False):
+        """``labels`` or ``prompts`` checked against this card, before any weights load (:mod:`vgen.conditions`)."""
+        from vgen.conditions import condition
+        return condition(self.spec, labels, prompts, default_all_classes=default_all_classes)
 
     def sampling_options(self, options_cls) -> dict:
         """The recommended options a sampler's ``Options`` class accepts, aliases resolved (e.g. an old card's VAR

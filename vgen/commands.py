@@ -40,6 +40,9 @@ def sample(cfg: DictConfig):
         if cfg.labels is not None:
             raise VGenError(f"samples_per_class={cfg.samples_per_class} draws every class in turn: drop labels=... "
                             "(or set samples_per_class=null to sample the given labels)")
+        if Card.load(cfg.model.path or cfg.model.name).conditioning == "text":
+            raise VGenError("samples_per_class is for class models; a text model samples its prompts in turn: set "
+                            "num_samples (sample i has prompt i % the number of prompts)")
         if cfg.samples_per_class < 1:
             raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
         num_samples = cfg.samples_per_class * Card.load(cfg.model.path or cfg.model.name).num_classes
@@ -54,7 +57,8 @@ def sample(cfg: DictConfig):
                     labels=None if cfg.labels is None else list(cfg.labels), num_samples=num_samples,
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
                     grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
-                    prompt_frames=cfg.prompt_frames)
+                    prompt_frames=cfg.prompt_frames, prompts=None if cfg.prompts is None else list(cfg.prompts),
+                    prompt_file=cfg.prompt_file, prompt_column=cfg.prompt_column)
     from vgen.configs import record_config
     with sampling_job(num_samples, cfg.batch_size):  # compile=auto: one choice for the whole job, every rank
         return job.run(_output_dir(cfg), accepted=lambda folder: record_config(cfg, folder))

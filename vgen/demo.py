@@ -101,13 +101,24 @@ class Demo:
         return opts
 
     # ------------------------------------------------------------------ work
+    def condition(self, name: str, cls, prompt) -> dict:
+        """The race's condition as ``generate`` keywords: the class of a class model, the prompt of a text model."""
+        card = Card.load(name)
+        if card.conditioning == "text":
+            text = (prompt or "").strip()
+            if not text:
+                raise VGenError("type a prompt: this is a text-to-image model (e.g. "
+                                f"{(card.examples or ('a photo of the moon',))[0]!r})")
+            return card.condition(prompts=[text]).record()
+        return {"labels": [self.parse_class(name, cls)]}
+
     def race(self, model: str, folder: str | None, cls, seed, samplers: list[str], options: dict,
-             progress=None) -> list[dict]:
-        """Run the model's plain sampler (the baseline) and every chosen sampler on (class, seed); everything is
-        validated before any sampling, and an option none of the samplers takes is an error, not ignored."""
+             progress=None, prompt: str | None = None) -> list[dict]:
+        """Run the model's plain sampler (the baseline) and every chosen sampler on (class or prompt, seed);
+        everything is validated before any sampling, and an option none of the samplers takes is an error."""
         from vgen.samplers import check_fits, list_samplers, plain_sampler, sampler_class
         name = self.resolve_model(model, folder)
-        c, s = self.parse_class(name, cls), self.parse_seed(seed)
+        c, s = self.condition(name, cls, prompt), self.parse_seed(seed)
         chosen = list(samplers or [])
         if not chosen:
             raise VGenError("choose at least one sampler")
@@ -142,7 +153,7 @@ class Demo:
             if progress is not None:
                 progress(k / len(runs), desc=f"{label} ({k + 1}/{len(runs)})")
             t0 = time.perf_counter()
-            gen = pipe.generate([c], sampler=x, seed=s, **o)
+            gen = pipe.generate(**c, sampler=x, seed=s, **o)
             sec = time.perf_counter() - t0
             results.append({"sampler": label, "image": gen.pixels[0], "seconds": gen.stats["sample_seconds"],
                             "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
@@ -162,8 +173,8 @@ class Demo:
         if sampler not in list_samplers():
             raise VGenError(f"unknown sampler {sampler!r}; available: {', '.join(list_samplers())}")
         name = self.resolve_model(model)
-        c, s = self.parse_class(name, cls), self.parse_seed(seed)
-        gen = self.pipeline(name).generate([c], sampler=sampler, seed=s)
+        c, s = self.condition(name, cls, cls if isinstance(cls, str) else None), self.parse_seed(seed)
+        gen = self.pipeline(name).generate(**c, sampler=sampler, seed=s)
         return gen.images[0].permute(1, 2, 0).contiguous().numpy()
 
 
@@ -233,6 +244,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     start = demo.resolve_model(default_model, default_folder) if default_model == LOCAL else default_model
     names = demo.class_names(start)
     samplers = list_samplers()
+    start_card = Card.load(start)
 
     def card_of(name):
         try:
@@ -249,22 +261,26 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     default_fits = fitting(start)
 
     def on_model(model, folder):
+        card = None
         try:
             name = demo.resolve_model(model, folder)
-            n, fits = demo.class_names(name), fitting(name)
+            n, fits, card = demo.class_names(name), fitting(name), card_of(name)
         except VGenError:
             n, fits = (names if model != LOCAL else []), samplers
-        value = ticked(card_of(name) if fits is not samplers else None, fits)
-        return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None), \
-            gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value)
+        value = ticked(card if fits is not samplers else None, fits)
+        text = card is not None and card.conditioning == "text"
+        return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None,
+                         visible=not text), \
+            gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value), \
+            gr.update(visible=text, value=(card.examples[0] if text and card.examples else None))
 
     fields = option_fields()
 
-    def on_generate(model, folder, cls, seed, chosen, *values, progress=gr.Progress()):
+    def on_generate(model, folder, cls, prompt, seed, chosen, *values, progress=gr.Progress()):
         opts = {k: (int(v) if fields[k].type in ("int", int) and v is not None else v)
                 for k, v in zip(fields, values) if v not in (None, "")}
         try:
-            results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress)
+            results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress, prompt=prompt)
         except VGenError as e:
             raise gr.Error(str(e), print_exception=False) from None
         base = results[0]["sampler"]
@@ -286,7 +302,11 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                 folder = gr.Textbox(label="local pipeline folder", visible=default_model == LOCAL,
                                     value=default_folder if default_model == LOCAL else None,
                                     placeholder="a folder with pipeline.json inside the served directories")
-                cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}", label="class")
+                text = start_card.conditioning == "text"
+                cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}" if names else None,
+                                  label="class", visible=not text)
+                prompt = gr.Textbox(start_card.examples[0] if text and start_card.examples else None, label="prompt",
+                                    visible=text, placeholder="a photo of the moon")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0)
                 chosen = gr.CheckboxGroup(default_fits, value=ticked(card_of(start), default_fits),
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
@@ -298,9 +318,9 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                 maps = gr.Gallery(label="decode step per token", columns=4, format="png", height="auto")
                 table = gr.Dataframe(headers=["sampler", "seconds", "forward passes", "x baseline (time)",
                                               "x baseline (passes)"], label="speed", interactive=False)
-        model.change(on_model, [model, folder], [cls, folder, chosen], api_name=False)
-        folder.submit(on_model, [model, folder], [cls, folder, chosen], api_name=False)
-        inputs = [model, folder, cls, seed, chosen, *widgets]
+        model.change(on_model, [model, folder], [cls, folder, chosen, prompt], api_name=False)
+        folder.submit(on_model, [model, folder], [cls, folder, chosen, prompt], api_name=False)
+        inputs = [model, folder, cls, prompt, seed, chosen, *widgets]
         button.click(on_generate, inputs, [images, maps, table], api_name="race")
 
         # The scripted endpoint: class id, seed, sampler -> PNG file (model card settings).

@@ -220,6 +220,7 @@ class ModelSpec:
     token_type: TokenType
     name: str = "this model"
     token_shape: tuple[int, ...] | None = None  # (h, w) image grid, (t, h, w) video grid; None: not known
+    conditioning: str = "class"  # class (class ids) | text (prompts through a text encoder): vgen.conditions
 
     @property
     def is_video(self) -> bool:
@@ -235,6 +236,7 @@ class ModelSpec:
         for what, a, b in (("generation order", other.order, self.order),
                            ("token type", other.token_type, self.token_type),
                            ("token grid", other.token_shape, self.token_shape),
+                           ("conditioning", other.conditioning, self.conditioning),
                            ("number of classes", other.num_classes, self.num_classes)):
             if a != b:
                 return what, a, b
@@ -257,10 +259,12 @@ class ModelSpec:
             return spec
         m = model_or_card
         shape = getattr(m, "token_shape", None)
-        return cls(Order(m.order), int(m.num_classes), m.token_type, type(m).__name__,
-                   tuple(shape) if shape is not None else None)
+        text = getattr(m, "conditioning", "class") == "text"
+        return cls(Order(m.order), 0 if text else int(m.num_classes), m.token_type, type(m).__name__,
+                   tuple(shape) if shape is not None else None, "text" if text else "class")
 
     @classmethod
     def from_card(cls, card) -> ModelSpec:
         """The spec a pipeline card (:class:`vgen.cards.Card`) states, before any weights load."""
-        return cls(card.order, card.num_classes, card.token_type, f"this model ({card.name})", card.token_shape)
+        return cls(card.order, card.num_classes, card.token_type, f"this model ({card.name})", card.token_shape,
+                   card.conditioning)

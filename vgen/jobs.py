@@ -1,7 +1,8 @@
 """Sampling jobs (``vgen sample``): sharded over torchrun ranks by global sample index, resumable, every file
 written atomically.
 
-Sample i always has label ``labels[i % len(labels)]`` and seed ``seed + i``, so which process draws it, in which
+Sample i always has label ``labels[i % len(labels)]`` (a text model: prompt ``prompts[i % len(prompts)]``, the prompts
+given or read from ``prompt_file``) and seed ``seed + i``, so which process draws it, in which
 batch, and whether the job was killed and rerun never changes its bytes. The output folder holds
 
     000000.png ...      one file per sample (``Generation.save``); a video model writes 000000.mp4 (written
@@ -42,6 +43,18 @@ class SampleJob:
     progress: bool = True
     prompt: str | None = None        # video models: a clip file (MP4 / GIF) whose first frames every sample continues
     prompt_frames: int = 1
+    prompts: list[str] | None = None  # text models: cycled over the samples
+    prompt_file: str | None = None   # text models: .txt (a prompt per line), .jsonl or .csv (a caption column)
+    prompt_column: str | None = None  # the column of a .jsonl / .csv prompt file (default: caption, prompt, text)
+
+    def given_prompts(self) -> list[str] | None:
+        """The prompts given inline or read from ``prompt_file`` (one-line errors naming the file and line)."""
+        if self.prompt_file is not None:
+            if self.prompts is not None:
+                raise VGenError("give prompts=[...] or prompt_file=..., not both")
+            from vgen.io import read_prompts
+            return read_prompts(self.prompt_file, self.prompt_column)
+        return None if self.prompts is None else list(self.prompts)
 
     def prompt_clip(self, card: Card):
         """The prompt clip, read and checked against the card (None without a prompt)."""
@@ -54,8 +67,9 @@ class SampleJob:
         card.check_prompt(clip, self.prompt_frames)
         return clip
 
-    def plan(self) -> tuple[Card, str, dict, list[int]]:
-        """Everything checked before any weights load: (card, sampler name, resolved options, per-sample labels)."""
+    def plan(self):
+        """Everything checked before any weights load: (card, sampler name, resolved options, the per-sample
+        condition (:mod:`vgen.conditions`: the first ``num_samples`` of the labels or prompts, cycled))."""
         from vgen.samplers import plain_sampler
         from vgen.pipeline import resolve_sampler
         card = Card.load(self.model)
@@ -68,15 +82,12 @@ class SampleJob:
         validate.seed(self.seed, self.num_samples)
         validate.device(self.device)
         validate.outdir(self.outdir)
-        n_cls = card.num_classes
-        base = list(self.labels) if self.labels is not None else list(range(n_cls))
-        if not base:
+        if self.labels is not None and not list(self.labels):
             raise VGenError("labels is empty: give class ids, e.g. labels=[0,3], or labels=null for every class")
-        for c in base:
-            if not 0 <= int(c) < n_cls:
-                raise VGenError(f"class id {c} out of range: this model has classes 0..{n_cls - 1}")
+        cond = card.condition(None if self.labels is None else list(self.labels), self.given_prompts(),
+                              default_all_classes=True)
         self.prompt_clip(card)
-        return card, name, opts, [int(base[i % len(base)]) for i in range(self.num_samples)]
+        return card, name, opts, cond.cycle(self.num_samples)
 
     def run(self, out: Path | None = None, accepted=None) -> dict | None:
         """Draw the missing samples into ``out`` (default ``outdir``); rank 0 returns the merged stats.
@@ -88,13 +99,15 @@ class SampleJob:
         from vgen.io import atomic_write_json, make_grid, read_pngs, save_png
         from vgen.pipeline import Pipeline
 
-        card, name, opts, labels = self.plan()
+        card, name, opts, conds = self.plan()
         video = card.spec.is_video
         ext = ".mp4" if video else ".png"
         out = validate.outdir(out or self.outdir)
-        n = len(labels)
+        n = len(conds)
         run_key = {"model": self.model, "sampler": name, "options": opts, "seed": self.seed,
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
+        if conds.kind == "text":  # the prompts define the samples (a prompt file's text, not only its name)
+            run_key["prompts"] = self.given_prompts()
         clip = self.prompt_clip(card)
         if clip is not None:  # the prompt's pixels define the samples, not only its name
             import hashlib
@@ -120,7 +133,8 @@ class SampleJob:
                        disable=not self.progress)
             for k in range(0, len(mine), self.batch_size):
                 idx = mine[k:k + self.batch_size]
-                gen = pipe.generate([labels[i] for i in idx], sampler=name, seeds=[self.seed + i for i in idx],
+                c = conds.take(idx)
+                gen = pipe.generate(**c.record(), sampler=name, seeds=[self.seed + i for i in idx],
                                     prompt=clip, prompt_frames=self.prompt_frames, **opts)
                 gen.save(out, idx)
                 atomic_write_json(out / ".parts" / f"{idx[0]:06d}-{len(idx)}-r{rank}.json",
@@ -130,7 +144,7 @@ class SampleJob:
             vd.barrier()
             summary = None
             if rank == 0:
-                summary = {**merged_parts(out, n), **run_key, "num_samples": n, "labels": labels, "processes": world,
+                summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
                            "generated_now": len(todo), "skipped": n - len(todo),
                            "wall_seconds": time.perf_counter() - t_start}
                 if video:  # one row of frames per clip

@@ -46,10 +46,11 @@ class Generation:
     ``tokens``: codes (int64) (N, seq_len) or latents (float) (N, seq_len, channels), in raster order."""
     pixels: torch.Tensor
     tokens: torch.Tensor
-    labels: torch.Tensor  # (N,)
+    labels: torch.Tensor | None  # (N,) class ids; None for a text model
     seeds: list[int]
     stats: dict = field(default_factory=dict)
     step_map: torch.Tensor | None = None  # (N, seq_len): forward pass at which each token was decided (0 = prefill)
+    prompts: list[str] | None = None  # a text model's prompts, one per sample
 
     @property
     def images(self) -> torch.Tensor:
@@ -92,12 +93,19 @@ class Pipeline:
     """A model, its tokenizer and the card (:class:`vgen.cards.Card`: recommended settings, class names). A card
     given as a dict (a pipeline built in memory) is read on top of the model's facts."""
 
-    def __init__(self, model, tokenizer, card: Card | dict | None = None):
+    def __init__(self, model, tokenizer, card: Card | dict | None = None, text_encoder=None):
         self.model = model.eval()
         self.tokenizer = tokenizer.eval()
         self.card = card if isinstance(card, Card) else Card.from_model(model, card)
+        self.text_encoder = text_encoder  # prompts -> caption features (vgen.models.text.TextEncoder); text models
+        if self.card.conditioning == "text" and text_encoder is None:
+            raise VGenError(f"{self.card.name} reads prompts: give its text encoder (Pipeline(model, tokenizer, card, "
+                            "text_encoder=TextEncoder.load(folder, model.cond_len)))")
         if hasattr(model, "attach_tokenizer"):  # next-scale models build each scale's input with the tokenizer
             model.attach_tokenizer(tokenizer)
+        if self.card.conditioning == "text":  # what window=auto calibrates on (vgen.samplers.example_cond)
+            from vgen.conditions import examples
+            model.examples = self.encode(examples(self.card, max(len(self.card.examples), 1)))
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -108,9 +116,16 @@ class Pipeline:
     def from_card(cls, card: Card, device="cpu", dtype=None) -> Pipeline:
         """The pipeline a loaded card describes: its model and tokenizer files read."""
         device = validate.device(device)
+        text = None
+        if card.conditioning == "text":
+            from vgen.models.text import check_folder, find_folder
+            check_folder(find_folder(card.text_encoder_path))  # before any weights load
         model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype)
         tok = load_official(card.tokenizer_kind, card.tokenizer_path, device=device)
-        return cls(model, tok, card)
+        if card.conditioning == "text":
+            from vgen.models.text import TextEncoder
+            text = TextEncoder.load(card.text_encoder_path, model.cond_len, device=device)
+        return cls(model, tok, card, text)
 
     @property
     def num_classes(self) -> int:
@@ -131,13 +146,25 @@ class Pipeline:
         return s
 
     def check_labels(self, labels) -> torch.Tensor:
-        cond = validate.labels(labels)
-        if cond.numel() == 0:
-            raise VGenError("no labels given: pass at least one class id")
-        bad = cond[(cond < 0) | (cond >= self.num_classes)]
-        if bad.numel():
-            raise VGenError(f"class id {int(bad[0])} out of range: this model has classes 0..{self.num_classes - 1}")
-        return cond
+        return self.encode(self.card.condition(labels=labels))
+
+    def condition(self, labels=None, prompts=None):
+        """``labels`` or ``prompts`` checked against the card (:mod:`vgen.conditions`)."""
+        return self.card.condition(labels, prompts)
+
+    @torch.inference_mode()
+    def encode(self, cond) -> torch.Tensor:
+        """A condition -> what the samplers read: class ids (N,), or a text model's caption features (N, T, D)
+        (each prompt encoded on its own: the same bytes in any batch)."""
+        from vgen.conditions import Prompts
+        if isinstance(cond, Prompts):
+            feats: dict[str, torch.Tensor] = {}
+            for p in cond.texts:
+                if p not in feats:
+                    feats[p] = self.text_encoder([p])[0]
+            dt = next(self.model.parameters()).dtype
+            return torch.stack([feats[p] for p in cond.texts]).to(self.device, dt)
+        return torch.tensor(cond.ids, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -197,20 +224,22 @@ class Pipeline:
                             f"{codes.shape[-1]} tokens but this model's frames are {h}x{w} tokens: resize the clip")
         return codes.reshape(clips.shape[0], -1).expand(n, -1).contiguous()
 
-    def generate(self, labels, sampler: str | None = None, seed: int = 0, batch_size: int | None = None,
+    def generate(self, labels=None, sampler: str | None = None, seed: int = 0, batch_size: int | None = None,
                  progress: bool = False, seeds: list[int] | None = None, prompt: torch.Tensor | None = None,
-                 prompt_frames: int = 1, **options) -> Generation:
-        """Sample for ``labels`` with ``sampler`` (default: the model's plain one); sample i uses seed
-        ``seed + i`` (or ``seeds[i]``) whatever the batching. Video models: ``prompt`` (uint8 (T, 3, H, W), one
-        clip for all samples, or (N, T, 3, H, W)) gives the first ``prompt_frames`` frames; the rest is
-        generated from them (frame-conditioned generation, the video-prediction protocol)."""
-        cond = self.check_labels(labels)
-        prefix = None if prompt is None else self.encode_prompt(prompt, prompt_frames, cond.shape[0])
+                 prompt_frames: int = 1, prompts: list[str] | str | None = None, **options) -> Generation:
+        """Sample for ``labels`` (a class model) or ``prompts`` (a text model) with ``sampler`` (default: the model's
+        plain one); sample i uses seed ``seed + i`` (or ``seeds[i]``) whatever the batching. Video models:
+        ``prompt`` (uint8 (T, 3, H, W), one clip for all samples, or (N, T, 3, H, W)) gives the first
+        ``prompt_frames`` frames; the rest is generated from them (frame-conditioned generation)."""
+        condition = self.card.condition(labels, prompts)
+        n = len(condition)
+        if seeds is not None and len(seeds) != n:
+            what = "prompt" if condition.kind == "text" else "label"
+            raise VGenError(f"got {len(seeds)} seeds for {n} {what}s: give one seed per {what}")
         sampler = sampler or plain_sampler(self.model)
         s = self.make_sampler(sampler, **options)
-        n = cond.shape[0]
-        if seeds is not None and len(seeds) != n:
-            raise VGenError(f"got {len(seeds)} seeds for {n} labels: give one seed per label")
+        cond = self.encode(condition)
+        prefix = None if prompt is None else self.encode_prompt(prompt, prompt_frames, n)
         if seeds is None:
             seed = validate.seed(seed, n)
             seeds = [seed + i for i in range(n)]
@@ -225,7 +254,9 @@ class Pipeline:
         pixels = self.decode(tokens)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        return Generation(pixels, tokens, cond.cpu(), seeds, stats, None if step_map is None else step_map.cpu())
+        labels = None if condition.kind == "text" else torch.tensor(condition.ids)
+        return Generation(pixels, tokens, labels, seeds, stats, None if step_map is None else step_map.cpu(),
+                          list(condition.texts) if condition.kind == "text" else None)
 
     def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
                       progress: bool = False, prefix: torch.Tensor | None = None):
@@ -245,17 +276,27 @@ def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipelin
 
 
 def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_kind: str = "vq",
-                  class_names: list[str] | None = None, sampling: dict | None = None, extra: dict | None = None) -> Path:
-    """Write a pipeline folder (weights in the official key layout, config in the safetensors metadata)."""
+                  class_names: list[str] | None = None, sampling: dict | None = None, extra: dict | None = None,
+                  text_encoder=None, examples: list[str] | None = None) -> Path:
+    """Write a pipeline folder (weights in the official key layout, config in the safetensors metadata). A text
+    model also needs its ``text_encoder`` (:class:`vgen.models.text.TextEncoder`, saved in ``text/``) and a few
+    ``examples`` prompts (calibration, benchmarks, the demo)."""
     from vgen.io import atomic_write_json, save_safetensors
     folder = Path(folder)
+    text = getattr(model, "conditioning", "class") == "text"
+    if text and text_encoder is None:
+        raise VGenError("a text model's pipeline needs its text encoder: save_pipeline(..., text_encoder=...)")
     folder.mkdir(parents=True, exist_ok=True)
     mfile, tfile = f"{model_kind}.safetensors", f"{tokenizer_kind}.safetensors"
     save_safetensors(model.state_dict(), folder / mfile, metadata={"config": json.dumps(model.config_dict())})
     save_safetensors(tokenizer.state_dict(), folder / tfile, metadata={"config": json.dumps(tokenizer.config_dict())})
     card = {"model_kind": model_kind, "model": mfile, "tokenizer_kind": tokenizer_kind, "tokenizer": tfile,
-            **model_facts(model), "class_names": class_names or [str(i) for i in range(model.num_classes)],
-            "sampling": sampling or {}, **(extra or {})}
+            **model_facts(model), "sampling": sampling or {}, **(extra or {})}
+    if text:
+        text_encoder.save(folder / "text")
+        card.update(text_encoder="text", examples=list(examples or ["a photo"]))
+    else:
+        card["class_names"] = class_names or [str(i) for i in range(model.num_classes)]
     down = getattr(getattr(tokenizer, "config", None), "downsample", None)
     if isinstance(down, int) and len(model.token_shape) > 1:  # pixels per side of an image or frame
         card.setdefault("image_size", model.token_shape[-1] * down)

@@ -93,6 +93,9 @@ class SampleSchema:
     progress: bool = True
     prompt: Optional[str] = None  # video models: a clip (MP4 / GIF) whose first prompt_frames frames are continued
     prompt_frames: int = 1
+    prompts: Optional[list[str]] = None  # text models: cycled over the samples
+    prompt_file: Optional[str] = None  # text models: .txt (one per line), .jsonl / .csv (a caption column)
+    prompt_column: Optional[str] = None  # .jsonl / .csv: the column (default: caption, prompt or text)
 
 
 @dataclass

@@ -162,12 +162,14 @@ def run(p: Plan) -> tuple[dict, dict]:
     pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device) for m in cfg.models}
 
     def run_cell(m, v, b):
-        """num_samples images (labels i % classes, seeds seed + i), at most b per forward pass (speculative
-        samplers refill a finished sample's slot with the next one)."""
+        """num_samples images (the card's examples in turn: labels i % classes, or its example prompts; seeds
+        seed + i), at most b per forward pass (speculative samplers refill a finished sample's slot with the next
+        one)."""
+        from vgen.conditions import examples
         pipe, n = pipes[m], cfg.num_samples
         name, o = p.sampler_options(v, m)
         sampler = pipe.make_sampler(name, **o)
-        cond = torch.tensor([i % pipe.num_classes for i in range(n)], device=pipe.device)
+        cond = pipe.encode(examples(pipe.card, n))
         t0 = time.perf_counter()
         _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
         per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
@@ -296,14 +298,15 @@ def paired_speedup(base_seconds: list[float], seconds: list[float]) -> dict:
 
 def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int, job_batch: int | None = None
                     ) -> torch.Tensor:
-    """The images of ``n`` samples of a setting (labels i % classes, seeds seed + i): not timed, drawn at the
+    """The images of ``n`` samples of a setting (the card's examples in turn, seeds seed + i): not timed, drawn at the
     largest batch size. Samples do not depend on how they are batched; a setting whose choices depend on the job's
     batch size (``window=auto``) draws them as a job of ``job_batch`` would."""
+    from vgen.conditions import examples
     from vgen.samplers.base import sampling_job
     pipe = pipes[model]
     name, o = p.sampler_options(setting, model)
     with sampling_job(n, job_batch or max(p.cfg.batch_sizes)):
-        return pipe.generate([i % pipe.num_classes for i in range(n)], sampler=name, seed=p.cfg.seed,
+        return pipe.generate(**examples(pipe.card, n).record(), sampler=name, seed=p.cfg.seed,
                              batch_size=max(p.cfg.batch_sizes), **o).pixels
 
 

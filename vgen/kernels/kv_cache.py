@@ -29,12 +29,31 @@ class KVCache:
         self.rows = torch.arange(batch_size, device=device)
         self.length = max_len  # slots attention reads (limit)
         self.write_slots = None  # write_at: where updates write instead of their positions
+        self.key_mask = None  # (batch, max_len) bool, False = a padding key no query reads (mask_keys)
 
     def hide(self, n: int) -> None:
         """Never let attention read slots [0, n): for a cache whose first n positions nobody writes (a draft
         head's: the condition's positions), which would otherwise be read as zero keys. Position-based masks
         (``causal_mask``, tree masks) compare ``slots`` with positions; these slots compare as past every one."""
         self.slots[:n] = torch.iinfo(self.slots.dtype).max
+
+    def mask_keys(self, valid: torch.Tensor | None) -> None:
+        """Hide padding keys per row: ``valid`` (B, n) bool says which of each row's first n slots hold real keys (a
+        left-padded caption's mask); None: every slot. Every mask attention builds from this cache is then and-ed
+        with it (:meth:`visible`), whatever the positions or tree masks: a padded caption reads as the caption alone."""
+        if valid is None:
+            self.key_mask = None
+            return
+        m = torch.ones((self.batch_size, self.max_len), dtype=torch.bool, device=valid.device)
+        m[: valid.shape[0], : valid.shape[1]] = valid
+        self.key_mask = m
+
+    def visible(self, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` (B or 1, 1, S, length) and-ed with the padding keys' mask of :meth:`mask_keys` (unchanged when
+        there is none)."""
+        if self.key_mask is None:
+            return mask
+        return mask & self.key_mask[:, None, None, : self.length]
 
     def limit(self, n: int | None) -> None:
         """Let attention read slots [0, n) only (None: all). Every query position must be < n."""

@@ -279,11 +279,27 @@ class GPT(nn.Module):
     def token_type(self) -> TokenType:
         return TokenType.codes(self.config.vocab_size)
 
+    @property
+    def conditioning(self) -> str:
+        """``class`` (class ids (B,)) or ``text`` (caption features (B, cls_token_num, caption_dim), left-padded with
+        zero rows: :meth:`cond_mask`)."""
+        return "class" if self.config.model_type in CLASS_CONDITIONAL else "text"
+
+    def cond_mask(self, cond: torch.Tensor) -> torch.Tensor | None:
+        """Which condition positions are real (B, cls_token_num) bool, None for class ids. Captions come as
+        LlamaGen's ``sample_t2i.py`` hands them to ``generate``: valid features moved to the end (left padding), the
+        padding rows zeroed, so the mask is the non-zero rows (``emb_masks`` in the official code)."""
+        if self.conditioning == "class":
+            return None
+        return cond.ne(0).any(-1)
+
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
-        """The unconditional counterpart of ``cond`` for classifier-free guidance."""
-        if self.config.model_type in CLASS_CONDITIONAL:
+        """The unconditional counterpart of ``cond`` for classifier-free guidance: the null class, or the learned
+        null caption under ``cond``'s caption mask (the official ``generate`` masks both halves alike)."""
+        if self.conditioning == "class":
             return torch.full_like(cond, self.config.num_classes)
-        return self.cls_embedding.uncond_embedding.to(cond.dtype).expand_as(cond)
+        null = self.cls_embedding.uncond_embedding.to(cond.dtype)
+        return null * self.cond_mask(cond)[..., None].to(cond.dtype)
 
     def new_cache(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> KVCache:
         cfg = self.config
@@ -302,8 +318,8 @@ class GPT(nn.Module):
 
     def run_layers(self, h, input_pos, cache=None, attn_mask=None):
         h, rope = self.positions(h, input_pos)
-        if cache is not None and attn_mask is None:
-            attn_mask = cache.causal_mask(input_pos)
+        if cache is not None:
+            attn_mask = cache.visible(cache.causal_mask(input_pos) if attn_mask is None else attn_mask)
         for i, layer in enumerate(self.layers):
             h = layer(h, rope, attn_mask, cache, i, input_pos)
         return h
@@ -311,11 +327,22 @@ class GPT(nn.Module):
     def head(self, h):
         return self.output(self.norm(h)).float()
 
-    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """Run the condition through the model, fill the cache; logits (B, V) for image token 0."""
+    def condition_hidden(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run the condition through the model and fill the cache: the last hidden state (B, d) (before the final
+        norm). A padded caption's padding keys are hidden from every later query (``cache.mask_keys``); in this
+        pass each padding position reads only itself (the official mask's kept diagonal)."""
         h = self.embed_cond(cond)
         pos = torch.arange(h.shape[1], device=h.device)
-        return self.head(self.run_layers(h, pos, cache)[:, -1])
+        valid = self.cond_mask(cond)
+        cache.mask_keys(valid)
+        mask = None
+        if valid is not None:
+            mask = cache.causal_mask(pos) | (cache.slots[: cache.length] == pos[:, None])[None, None]
+        return self.run_layers(h, pos, cache, mask)[:, -1]
+
+    def prefill(self, cond: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Run the condition through the model, fill the cache; logits (B, V) for image token 0."""
+        return self.head(self.condition_hidden(cond, cache))
 
     def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -326,8 +353,7 @@ class GPT(nn.Module):
     def prefill_features(self, cond: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` plus the last hidden state (before the final norm) after the condition: what a draft head
         reads (:mod:`vgen.models.drafter`)."""
-        h = self.embed_cond(cond)
-        h = self.run_layers(h, torch.arange(h.shape[1], device=h.device), cache)[:, -1]
+        h = self.condition_hidden(cond, cache)
         return self.head(h), h
 
     def decode_features(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: KVCache,
@@ -342,6 +368,12 @@ class GPT(nn.Module):
         h = torch.cat([c, self.tok_embeddings(tokens[:, :-1])], dim=1)
         h = self.tok_dropout(h)
         pos = torch.arange(h.shape[1], device=h.device)
+        valid = self.cond_mask(cond)
+        if valid is not None and attn_mask is None:  # causal, padding keys hidden, the diagonal kept
+            n = h.shape[1]
+            keys = torch.cat([valid, valid.new_ones(valid.shape[0], n - valid.shape[1])], 1)
+            causal = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
+            attn_mask = (causal & keys[:, None, :] | torch.eye(n, dtype=torch.bool, device=h.device))[:, None]
         h = self.run_layers(h, pos, None, attn_mask)
         return self.head(h[:, c.shape[1] - 1:])
 

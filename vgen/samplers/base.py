@@ -213,6 +213,12 @@ class Sampler:
         them (token P on is drawn exactly as if tokens < P had been drawn). ``draft``: the draft model of a sampler
         that needs one (``needs_draft``)."""
         spec = self.validate(model)
+        if spec.conditioning == "text" and (not cond.is_floating_point() or cond.dim() != 3):
+            raise VGenError(f"{spec.name} is a text model: its conditions are caption features (N, T, D), got a "
+                            f"{cond.dtype} tensor of shape {tuple(cond.shape)}: sample through a pipeline with "
+                            "prompts=[...]")
+        if spec.conditioning == "class" and cond.is_floating_point():
+            raise VGenError(f"{spec.name} is a class model: its conditions are class ids, got a {cond.dtype} tensor")
         if cond.dtype in (torch.int32, torch.int64):
             bad = cond[(cond < 0) | (cond >= spec.num_classes)]
             if bad.numel():
@@ -358,6 +364,19 @@ def option_names(name: str) -> set[str]:
 def get_sampler(name: str, model=None, **options) -> Sampler:
     """Sampler ``name`` with ``options``; give ``model`` (or its card) for names serving several orders."""
     return sampler_class(name, model)(**options)
+
+
+def example_cond(model, k: int, device=None) -> torch.Tensor:
+    """``k`` conditions to calibrate a sampler on ``model`` with (``window=auto``): the encoded examples a pipeline
+    attached (``model.examples``: its card's example prompts or classes) in turn, else class ids spread over the
+    classes. A text model needs the examples: its prompts go through a text encoder the model does not hold."""
+    ex = getattr(model, "examples", None)
+    if ex is not None:
+        return ex[torch.arange(k) % ex.shape[0]].to(device)
+    if getattr(model, "conditioning", "class") == "text":
+        raise VGenError("calibrating a sampler on a text model needs example prompts: sample through a pipeline "
+                        "(vgen.load_pipeline: its card's examples) or give a fixed window=<int>")
+    return torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=device)
 
 
 def as_cond(labels, device=None) -> torch.Tensor:

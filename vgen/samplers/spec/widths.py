@@ -21,6 +21,7 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.kernels.gumbel import gumbel_keys
+from vgen.samplers.base import example_cond
 from vgen.samplers.spec.scheduler import SlotState, StepConfig
 
 
@@ -115,7 +116,7 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     missing = [w for w in widths if w not in known]
     if missing:
         k = CALIBRATION_SAMPLES
-        cond = torch.tensor([i * model.num_classes // k for i in range(k)], device=w0.device)
+        cond = example_cond(model, k, w0.device)
         seeds = [2 ** 62 + i for i in range(k)]
         for w in missing:
             with torch.inference_mode():
@@ -169,7 +170,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
         torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS])
     if not all(w in known for w in [1] + widths):
         k = max(TIMED_SAMPLES, batch)
-        cond = torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=w0.device)
+        cond = example_cond(model, k, w0.device)
         seeds = [2 ** 62 + i for i in range(k)]
         runs = [(1, lambda c, s: sampler.plain_ar(model, c, s, False, batch))]
         runs += [(w, lambda c, s, w=w: run(w, c, s)) for w in widths]
@@ -233,7 +234,7 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
     rows = 2 * S if config.cfg else S
     cache = model.new_cache(rows)
     cache.limit(None)
-    model.prefill(torch.zeros(rows, dtype=torch.long, device=dev), cache)
+    model.prefill(example_cond(model, rows, dev), cache)
     n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
     state = SlotState(torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev), n,
                       torch.full((S, D, V), 1.0 / V, device=dev), torch.zeros((S, L + 2 * D + 2), device=dev),

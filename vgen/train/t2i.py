@@ -1,0 +1,202 @@
+"""Zoo recipe: the text-to-image pipeline ``photos-t2i``: a LlamaGen-T2I GPT over photos-gpt's VQ codes, captioned
+photo crops (:mod:`vgen.data.captions`), and a zoo-sized T5 encoder with a tokenizer trained here on the captions.
+
+1. the caption tokenizer (``tokenizers``), trained on the caption corpus before anything else (``text/``);
+2. the crops of both splits encoded once with the VQ (``codes_<split>.pt``, their facts beside them);
+3. the GPT (``model_type=t2i``, ``cls_token_num`` caption positions; its transformer, token table and head start
+   from photos-gpt's weights unless ``init_gpt`` is empty) and the T5 encoder trained together end to end: each
+   step draws a fresh caption of every crop (a random phrasing and subset of its facts, all true), tokenizes it,
+   encodes it, left-pads it as ``sample_t2i.py`` does and feeds the GPT, 10% of captions replaced by the null
+   caption for classifier-free guidance;
+4. the pipeline folder: ``gpt.safetensors``, ``vq.safetensors``, ``text/`` (T5 encoder + tokenizer, loadable with
+   ``T5EncoderModel`` / ``AutoTokenizer``) and ``pipeline.json`` (``conditioning: text``).
+
+The text path at sampling time is the one FLAN-T5-XL takes for the released LlamaGen-T2I (:mod:`vgen.models.text`).
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from vgen.io import atomic_write_bytes, atomic_write_json
+from vgen.models.gpt import GPT, GPTConfig
+from vgen.train.common import RecipeConfig, adamw, autocast, recipe, start_run, train_loop
+
+
+@dataclass
+class T2ITrainConfig(RecipeConfig):
+    out: str = "runs/photos-t2i"
+    tokenizer: str = "vgen/zoo/photos-gpt/vq.safetensors"   # the VQ (photos-gpt's: the same codes)
+    init_gpt: str = "vgen/zoo/photos-gpt/gpt.safetensors"   # start the transformer here ('' = from scratch)
+    steps: int = 1500
+    batch_size: int = 32
+    lr: float = 5e-4
+    weight_decay: float = 0.05
+    warmup: int = 50
+    precision: str = "fp32"
+    n_train: int = 24000
+    n_test: int = 512
+    save_every: int = 100
+    caption_tokens: int = 32      # the GPT's cls_token_num: the encoder's max length
+    text_vocab: int = 1000
+    text: dict = field(default_factory=lambda: dict(d_model=128, d_kv=32, d_ff=512, num_layers=3, num_heads=4))
+    model: dict = field(default_factory=lambda: dict(
+        dim=256, n_layer=6, n_head=4, vocab_size=1024, block_size=256, class_dropout_prob=0.1,
+        token_dropout_p=0.0, resid_dropout_p=0.0, ffn_dropout_p=0.0))
+    sampling: dict = field(default_factory=lambda: dict(cfg_scale=3.0, top_k=100, temperature=1.0, init="vertical"))
+
+
+class T2I(torch.nn.Module):
+    """The GPT and the T5 encoder, trained as one module (one optimiser, one checkpoint)."""
+
+    def __init__(self, gpt: GPT, text):
+        super().__init__()
+        self.gpt, self.text = gpt, text
+
+
+def text_encoder(folder: Path, cfg: T2ITrainConfig):
+    from transformers import AutoTokenizer, T5Config, T5EncoderModel
+
+    from vgen.models.text import TextEncoder
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    t5 = T5EncoderModel(T5Config(vocab_size=len(tok), dropout_rate=0.0, feed_forward_proj="gated-gelu",
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **cfg.text))
+    return TextEncoder(tok, t5, cfg.caption_tokens)
+
+
+def caption_tokenizer(run_path: Path, cfg: T2ITrainConfig) -> Path:
+    from vgen.data.captions import caption_corpus, train_text_tokenizer
+    folder = run_path / "text"
+    if not (folder / "tokenizer.json").exists():
+        tmp = run_path / ".text.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        train_text_tokenizer(caption_corpus(20000, cfg.seed), tmp, vocab_size=cfg.text_vocab)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return folder
+
+
+@torch.no_grad()
+def captioned_codes(run_path: Path, tokenizer, split: str, n: int, seed: int):
+    """(codes int16 (n, L), facts list) of ``n`` captioned crops, cached as ``codes_<split>.pt`` + ``facts_<split>.json``."""
+    from vgen.data import to_model_range
+    from vgen.data.captions import captioned_photos
+    path, fpath = run_path / f"codes_{split}.pt", run_path / f"facts_{split}.json"
+    if path.exists() and fpath.exists():
+        codes = torch.load(path, weights_only=True)["codes"]
+        facts = json.loads(fpath.read_text())
+        if codes.shape[0] == n == len(facts):
+            return codes, facts
+    data = captioned_photos(split, n, seed=seed)
+    device = next(tokenizer.parameters()).device
+    codes = []
+    for i in tqdm(range(0, n, 128), desc=f"encode {split}", leave=False):
+        codes.append(tokenizer.encode_to_codes(to_model_range(data.images[i:i + 128].to(device))).to(torch.int16).cpu())
+    codes = torch.cat(codes)
+    facts = [f if isinstance(f, dict) else asdict(f) for f in data.facts]
+    buf = io.BytesIO()
+    torch.save({"codes": codes}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_json(fpath, facts)
+    return codes, facts
+
+
+def draw_captions(facts: list[dict], idx: list[int], seed: int) -> list[str]:
+    from vgen.data.captions import CropFacts, caption
+    rng = np.random.default_rng(seed)
+    return [caption(CropFacts(**facts[i]), rng) for i in idx]
+
+
+def init_from(gpt: GPT, path: str) -> int:
+    """Copy a class-conditional GPT's transformer, token table and head (not its class table): tensors copied."""
+    from vgen.kinds import read_checkpoint
+    sd, _ = read_checkpoint(path)
+    own = gpt.state_dict()
+    keep = {k: v for k, v in sd.items() if k in own and not k.startswith("cls_embedding.") and own[k].shape == v.shape}
+    gpt.load_state_dict(keep, strict=False)
+    return len(keep)
+
+
+@torch.no_grad()
+def test_loss(m: T2I, codes: torch.Tensor, facts: list[dict], seed: int, batch: int = 64) -> float:
+    m.eval()
+    tot, n = 0.0, 0
+    for i in range(0, codes.shape[0], batch):
+        idx = list(range(i, min(i + batch, codes.shape[0])))
+        x = codes[idx].long().to(next(m.parameters()).device)
+        ids, mask = m.text.tokenize(draw_captions(facts, idx, seed + i))
+        logits = m.gpt(x, m.text.features(ids, mask))
+        tot += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1), reduction="sum").item()
+        n += x.numel()
+    m.train()
+    return tot / n
+
+
+@recipe(T2ITrainConfig)
+def train_t2i(cfg: T2ITrainConfig) -> dict:
+    from vgen.kinds import load_official
+    needs = [(cfg.tokenizer, "VQ tokenizer", "vq")] + ([(cfg.init_gpt, "GPT to start from", "gpt")]
+                                                      if cfg.init_gpt else [])
+    run, device = start_run(cfg, needs=tuple(needs))
+    vq = load_official("vq", cfg.tokenizer, device=device).eval()
+    text_folder = caption_tokenizer(run.path, cfg)
+    tr_codes, tr_facts = captioned_codes(run.path, vq, "train", cfg.n_train, cfg.seed)
+    te_codes, te_facts = captioned_codes(run.path, vq, "test", cfg.n_test, cfg.seed + 1)
+    text = text_encoder(text_folder, cfg)
+    gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
+    copied = init_from(gpt, cfg.init_gpt) if cfg.init_gpt else 0
+    m = T2I(gpt, text).to(device)
+    opt = adamw(m, cfg.lr, cfg.weight_decay)
+    g = torch.Generator()
+
+    def step_fn(step):
+        g.manual_seed(cfg.seed * 1_000_003 + step)
+        idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g).tolist()
+        x = tr_codes[idx].long().to(device)
+        ids, mask = m.text.tokenize(draw_captions(tr_facts, idx, cfg.seed * 1_000_003 + step))
+        with autocast(device, cfg.precision):
+            logits = m.gpt(x, m.text.features(ids, mask))
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1)), {}
+
+    def on_save(step):
+        if step % (cfg.save_every * 5) == 0 or step == cfg.steps:
+            tl = test_loss(m, te_codes, te_facts, 7)
+            run.log({"step": step, "test_loss": tl})
+            tqdm.write(f"step {step}: test loss {tl:.4f} nats/token (perplexity {math.exp(tl):.1f})")
+
+    step, last = train_loop(cfg, m, opt, run, step_fn, desc="t2i", clip=1.0, log_every=20, on_save=on_save)
+    metrics = {"test_loss": test_loss(m, te_codes, te_facts, 7), "train_loss_last": last, "steps": step,
+               "gpt_params": sum(p.numel() for p in gpt.parameters()),
+               "text_params": sum(p.numel() for p in text.parameters()), "init_tensors_copied": copied}
+    run.log({"final": True, **metrics})
+    export(run.path / "pipeline", m, vq, cfg, metrics)
+    return metrics
+
+
+def export(folder: Path, m: T2I, vq, cfg: T2ITrainConfig, metrics: dict) -> Path:
+    """The pipeline folder (weights in the official layouts, the card)."""
+    from vgen.data.captions import prompt_set
+    from vgen.io import save_safetensors
+    folder.mkdir(parents=True, exist_ok=True)
+    gpt = m.gpt
+    save_safetensors(gpt.state_dict(), folder / "gpt.safetensors",
+                     metadata={"config": json.dumps(gpt.config_dict()), "train": json.dumps(asdict(cfg))})
+    save_safetensors(vq.state_dict(), folder / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
+    shutil.rmtree(folder / "text", ignore_errors=True)
+    m.text.save(folder / "text")
+    examples = [p for p, _ in prompt_set("subject", 16, 0)][:8]
+    card = {"name": "photos-t2i", "model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq",
+            "tokenizer": "vq.safetensors", "generation": "next-token", "conditioning": "text", "text_encoder": "text",
+            "token_shape": list(gpt.token_shape), "vocab_size": gpt.vocab_size, "image_size": 64,
+            "examples": examples, "sampling": dict(cfg.sampling), "metrics": metrics}
+    atomic_write_json(folder / "pipeline.json", card)
+    return folder
