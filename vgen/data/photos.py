@@ -78,6 +78,19 @@ def region(img: np.ndarray, split: str) -> np.ndarray:
     return img[:, :cut] if split == "train" else img[:, cut:]
 
 
+class CropBox(NamedTuple):
+    """Where one crop of :func:`photos` came from, in the split's region of its photograph (:func:`region`):
+    the square rows ``[y, y + side)`` and columns ``[x, x + side)`` before any flip, the region's size, and
+    whether the crop was then flipped left-right."""
+    label: int
+    y: int
+    x: int
+    side: int
+    flipped: bool
+    region_h: int
+    region_w: int
+
+
 def photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
            classes: list[int] | None = None, min_side: int | None = None,
            max_side: int = 192) -> Photos:
@@ -85,6 +98,13 @@ def photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
 
     Deterministic in (split, n, seed, size): the same call always returns the same bytes.
     """
+    return photos_with_boxes(split, n, seed, size, classes, min_side, max_side)[0]
+
+
+def photos_with_boxes(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
+                      classes: list[int] | None = None, min_side: int | None = None,
+                      max_side: int = 192) -> tuple[Photos, tuple[CropBox, ...]]:
+    """:func:`photos` (the same bytes for the same arguments) and, per crop, the :class:`CropBox` it was cut from."""
     if split not in ("train", "test"):
         raise VGenError(f"unknown split {split!r}: use 'train' or 'test'")
     if n < 0:
@@ -98,6 +118,7 @@ def photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
     rng = np.random.default_rng([seed, 0 if split == "train" else 1])
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
     labels = torch.empty((n,), dtype=torch.int64)
+    boxes = []
     for i in range(n):
         c = classes[i % len(classes)]
         reg = regions[c]
@@ -111,11 +132,13 @@ def photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
             crop = F.interpolate(crop[None].float(), size=(size, size), mode="bilinear",
                                  antialias=True, align_corners=False)[0]
             crop = crop.round().clamp(0, 255).to(torch.uint8)
-        if rng.random() < 0.5:
+        flipped = bool(rng.random() < 0.5)
+        if flipped:
             crop = crop.flip(-1)
         images[i] = crop
         labels[i] = c
-    return Photos(images, labels)
+        boxes.append(CropBox(c, y, x, side, flipped, h, w))
+    return Photos(images, labels), tuple(boxes)
 
 
 def to_model_range(images: torch.Tensor) -> torch.Tensor:
