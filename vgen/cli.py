@@ -14,7 +14,8 @@ COMMANDS = {
     "sample": "draw images from a zoo model or a local pipeline folder (PNGs, grid.png, stats.json)",
     "bench": "time samplers x batch sizes side by side (table, bench.json, plots)",
     "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), "
-            "`vgen eval fvd samples=<dir of clips>`, `vgen eval npz`, `vgen eval suite=adm samples=<dir> "
+            "`vgen eval fvd samples=<dir of clips>`, `vgen eval clip samples=<dir> prompts=<file>` (CLIP score), "
+            "`vgen eval npz`, `vgen eval suite=adm samples=<dir> "
             "reference=<name | dir | ADM .npz>` (FID, sFID, IS, Precision, Recall, KID)",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",

@@ -85,9 +85,9 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
             raise VGenError(f"suite={cfg.suite} scores images with its own table: drop {metric!r} "
                             f"(vgen eval suite={cfg.suite} samples=... reference=...)")
         return _eval_suite(cfg)
-    if metric not in ("fid", "fvd", "npz"):
-        raise VGenError(f"unknown eval metric {metric!r}: use `vgen eval fid ...`, `vgen eval fvd ...` or "
-                        "`vgen eval npz ...`")
+    if metric not in ("fid", "fvd", "clip", "npz"):
+        raise VGenError(f"unknown eval metric {metric!r}: use `vgen eval fid ...`, `vgen eval fvd ...`, "
+                        "`vgen eval clip ...` or `vgen eval npz ...`")
     if cfg.backend not in BACKENDS:
         raise VGenError(f"unknown backend {cfg.backend!r}: use one of {', '.join(BACKENDS)}")
     if OmegaConf.is_missing(cfg, "samples"):
@@ -96,6 +96,8 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     samples = cfg.samples
     if metric == "fvd":
         return _eval_fvd(cfg)
+    if metric == "clip":
+        return _eval_clip(cfg)
     if metric == "npz":
         out = validate.out_file(cfg.out or (str(Path(samples).with_suffix("")) + ".npz"))
         n = len(load_images(samples, "samples")[0])
@@ -168,6 +170,37 @@ def _eval_fvd(cfg: DictConfig) -> dict:
     tag = "FVD-photo" if cfg.extractor == "photo" else "FVD (I3D)"
     print(f"{tag} {res['fvd']:.3f} ({res['num_samples']} clips vs {res['num_reference']} reference, "
           f"{res['frames']} frames seen); wrote {out}")
+    return res
+
+
+def _eval_clip(cfg: DictConfig) -> dict:
+    """`vgen eval clip samples=<folder | .npz> prompts=<.txt | .jsonl | .csv | .json> [clip_model=ViT-L/14
+    clip_weights=<folder> prompt_column=...]`: CLIP score -> <samples>/clip.json. Sample i (sorted file order)
+    pairs with prompt i. The prompts, the weights folder, the images and their count are checked before the model
+    is loaded."""
+    from vgen import validate
+    from vgen.eval.clip import clip_score, clip_weights_folder, read_config
+    from vgen.eval.sources import ImageSource
+    from vgen.io import atomic_write_json, read_prompts
+    if cfg.prompts is None:
+        raise VGenError("say which prompts go with the samples: vgen eval clip samples=... "
+                        "prompts=<prompts.txt | .jsonl | .csv | .json> (prompt i pairs with sample i)")
+    sp = Path(cfg.samples)
+    out = validate.out_file(cfg.out or (sp / "clip.json" if sp.is_dir() else sp.with_name(f"{sp.stem}.clip.json")))
+    prompts = read_prompts(cfg.prompts, cfg.prompt_column)
+    folder = clip_weights_folder(cfg.clip_weights, cfg.clip_model)
+    read_config(folder, cfg.clip_model)
+    src = ImageSource(cfg.samples, "samples")
+    if len(src) != len(prompts):
+        raise VGenError(f"{cfg.samples} holds {len(src)} images but {cfg.prompts} {len(prompts)} prompts: sample i "
+                        "(sorted file order) is scored against prompt i, give one prompt per sample")
+    res = clip_score(src, prompts, model=cfg.clip_model, weights=folder, batch_size=cfg.batch_size or 64,
+                     device=cfg.device, progress=cfg.progress)
+    res.update(samples=str(cfg.samples), prompts=str(cfg.prompts))
+    atomic_write_json(out, res)
+    extra = f", {res['truncated']} prompts cut to 77 tokens" if res["truncated"] else ""
+    print(f"CLIP score {res['mean']:.4f} +- {res['std']:.4f} ({res['model']}, {res['n']} image-prompt pairs{extra}); "
+          f"wrote {out}")
     return res
 
 

@@ -60,16 +60,19 @@ def hub_file(repo_id: str, filename: str, revision: str | None = None) -> Path:
     return Path(path)
 
 
-def hub_folder(repo_id: str, subfolder: str = "", revision: str | None = None) -> Path:
+def hub_folder(repo_id: str, subfolder: str = "", revision: str | None = None, local_only: bool = False) -> Path:
     """Local folder of Hub repo ``repo_id`` (its snapshot in the HF cache), or of ``subfolder`` inside it;
-    downloaded unless offline (only ``subfolder``'s files when one is given)."""
+    downloaded unless offline (only ``subfolder``'s files when one is given). ``local_only``: never download,
+    whatever ``HF_HUB_OFFLINE`` says (the snapshot must be cached already; which of its files are there is the
+    caller's to check)."""
     hf = _import_hub()
     sub = subfolder.strip("/")
     try:
-        snap = hf.snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=_offline(),
+        snap = hf.snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(),
+                                    local_files_only=local_only or _offline(),
                                     allow_patterns=[f"{sub}/*"] if sub else None)
     except _hub_errors() as e:
-        raise VGenError(_explain(e, repo_id, sub, revision, folder=True)) from None
+        raise VGenError(_explain(e, repo_id, sub, revision, folder=True, local_only=local_only)) from None
     folder = Path(snap) / sub if sub else Path(snap)
     if not folder.is_dir():
         raise VGenError(f"{_label(repo_id, revision)}: folder {sub!r} is not in the cached snapshot {snap}: "
@@ -114,6 +117,17 @@ def resolve_checkpoint(src, filename: str | None = None, revision: str | None = 
         raise VGenError(f"revision= needs a Hugging Face Hub reference: pass ('owner/repo', filename=...) or "
                         f"'hf://owner/repo/file', not {s!r}")
     return src
+
+
+def download_command(repo_id: str, files=(), revision: str | None = None, local_dir=None) -> str:
+    """The command that fetches ``files`` (all of the repo when none) of ``repo_id`` with the installed
+    huggingface_hub CLI (``hf`` since 0.34, ``huggingface-cli`` before), into the HF cache or ``local_dir``."""
+    parts = [_cli(), "download", repo_id, *files]
+    if revision:
+        parts += ["--revision", revision]
+    if local_dir is not None:
+        parts += ["--local-dir", os.fspath(local_dir)]
+    return " ".join(parts)
 
 
 # --- internals ---------------------------------------------------------------------------------------------
@@ -189,7 +203,8 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _explain(e: BaseException, repo_id: str, path: str, revision: str | None, folder: bool) -> str:
+def _explain(e: BaseException, repo_id: str, path: str, revision: str | None, folder: bool,
+             local_only: bool = False) -> str:
     """One line: the repo (and revision), the file or folder, what went wrong, the fix."""
     kinds = {c.__name__ for c in type(e).__mro__}  # by name: the classes moved between huggingface_hub versions
     what = (f"folder {path!r}" if path else "the repo snapshot") if folder else path
@@ -205,7 +220,8 @@ def _explain(e: BaseException, repo_id: str, path: str, revision: str | None, fo
         return (f"{where}: cannot fetch {what}: the repo does not exist on the Hub or is private/gated "
                 f"(log in with `{login}`), or {local}")
     if kinds & {"LocalEntryNotFoundError", "OfflineModeIsEnabled"}:  # IncompleteSnapshotError included
-        why = "HF_HUB_OFFLINE=1" if _offline() else "and the Hub could not be reached"
+        why = ("read from the cache only" if local_only else "HF_HUB_OFFLINE=1" if _offline()
+               else "and the Hub could not be reached")
         if "IncompleteSnapshotError" in kinds:
             why += "; the cached snapshot is incomplete"
         return (f"{where}: {what} is not in the local Hugging Face cache ({why}): "

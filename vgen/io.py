@@ -1,5 +1,6 @@
-"""Atomic file writes: a temporary name in the same folder, then a rename. A killed job never leaves a
-half-written file under the final name."""
+"""Files: atomic writes (a temporary name in the same folder, then a rename: a killed job never leaves a
+half-written file under the final name), image / video / safetensors readers and writers, and prompt files
+(:func:`read_prompts`)."""
 from __future__ import annotations
 
 import contextlib
@@ -187,3 +188,157 @@ def command_line() -> list[str]:
         return list(HydraConfig.get().overrides.task)
     except ValueError:  # no Hydra app is running
         return []
+
+
+# ---- prompts --------------------------------------------------------------------------------------------------
+PROMPT_COLUMNS = ("caption", "prompt", "text")  # tried in this order when no column is named
+PROMPT_FORMS = ".txt (one prompt per line), .jsonl (one object per line), .csv (a header row), .json (a list)"
+
+
+def read_prompts(path: str | os.PathLike, column: str | None = None) -> list[str]:
+    """The text prompts of a file, in file order (prompt i goes with sample i).
+
+    - ``.txt``: one prompt per line; a blank line is an error (it would shift every prompt after it).
+    - ``.jsonl``: one JSON object per line, the prompt in ``column`` (a line may also be a bare JSON string).
+    - ``.csv``: a header row naming the columns, then one prompt per row, in ``column``.
+    - ``.json``: a list of strings, or of objects with ``column``.
+
+    ``column`` None: the first of ``caption``, ``prompt``, ``text`` the file has (the first record's keys, or the
+    header). Prompts are stripped of surrounding whitespace; an empty one is an error. Every error is one line
+    naming the file, the line (or list index) and the fix."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise VGenError(f"prompts: {p} is a folder: give a prompt file, {PROMPT_FORMS}")
+    if not p.is_file():
+        raise VGenError(f"prompts: {p} does not exist: give a prompt file, {PROMPT_FORMS}")
+    suffix = p.suffix.lower()
+    if suffix not in (".txt", ".jsonl", ".csv", ".json"):
+        raise VGenError(f"prompts: {p}: unknown prompt file type {p.suffix or '(no suffix)'!r}: use {PROMPT_FORMS}")
+    if suffix == ".txt" and column is not None:
+        raise VGenError(f"prompts: {p} is a .txt file (one prompt per line, no columns): drop prompt_column={column}")
+    try:
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark (spreadsheet exports) is dropped
+    except UnicodeDecodeError as e:
+        raise VGenError(f"prompts: {p} is not UTF-8 text ({e.reason} at byte {e.start}): save it as UTF-8") from None
+    except OSError as e:
+        raise VGenError(f"prompts: cannot read {p} ({e.strerror or e})") from None
+    reader = {".txt": _prompts_txt, ".jsonl": _prompts_jsonl, ".csv": _prompts_csv, ".json": _prompts_json}[suffix]
+    prompts = reader(p, text, column)
+    if not prompts:
+        raise VGenError(f"prompts: {p} holds no prompts")
+    return prompts
+
+
+def _lines(text: str) -> list[str]:
+    """The lines as an editor numbers them (``\\n`` or ``\\r\\n``; the newline ending the file ends the last line)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+def _prompt_text(value, where: str, column: str | None) -> str:
+    what = f"column {column!r}" if column else "the prompt"
+    if not isinstance(value, str):
+        raise VGenError(f"prompts: {where}: {what} is {type(value).__name__} {json.dumps(value)[:40]}, not text")
+    if not value.strip():
+        raise VGenError(f"prompts: {where}: {what} is empty: every sample needs its prompt")
+    return value.strip()
+
+
+def _pick_column(keys, column: str | None, where: str) -> str:
+    keys = list(keys)
+    have = ", ".join(repr(k) for k in keys[:8]) + (", ..." if len(keys) > 8 else "") or "none"
+    if column is not None:
+        if column not in keys:
+            raise VGenError(f"prompts: {where} has no column {column!r} (it has {have}): name the prompt's column "
+                            "with prompt_column=")
+        return column
+    for c in PROMPT_COLUMNS:
+        if c in keys:
+            return c
+    raise VGenError(f"prompts: {where} has none of the columns {', '.join(map(repr, PROMPT_COLUMNS))} (it has "
+                    f"{have}): name the prompt's column with prompt_column=")
+
+
+def _prompts_txt(p: Path, text: str, column) -> list[str]:
+    out = []
+    for n, line in enumerate(_lines(text), 1):
+        if not line.strip():
+            raise VGenError(f"prompts: {p}: line {n} is blank: a .txt prompt file holds one prompt on every line "
+                            "(remove the line, or write its prompt)")
+        out.append(line.strip())
+    return out
+
+
+def _prompts_jsonl(p: Path, text: str, column: str | None) -> list[str]:
+    out, col = [], None
+    for n, line in enumerate(_lines(text), 1):
+        where = f"{p}: line {n}"
+        if not line.strip():
+            raise VGenError(f"prompts: {where} is blank: a .jsonl prompt file holds one JSON object on every line")
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise VGenError(f"prompts: {where} is not JSON ({e.msg} at column {e.colno})") from None
+        if isinstance(rec, str) and column is None:
+            out.append(_prompt_text(rec, where, None))
+            continue
+        if not isinstance(rec, dict):
+            raise VGenError(f"prompts: {where} is a JSON {type(rec).__name__}, not an object with the prompt's column")
+        if col is None:
+            col = _pick_column(rec.keys(), column, where)
+        elif col not in rec:
+            raise VGenError(f"prompts: {where} has no column {col!r} (the lines before it have it): every line "
+                            "needs the prompt's column")
+        out.append(_prompt_text(rec[col], where, col))
+    return out
+
+
+def _prompts_csv(p: Path, text: str, column: str | None) -> list[str]:
+    import csv
+    import io
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+        if not header or not any(h.strip() for h in header):
+            raise VGenError(f"prompts: {p}: line 1 is not a header row: a .csv prompt file starts with the column "
+                            f"names (e.g. caption)")
+        col = _pick_column([h.strip() for h in header], column, f"{p}: the header (line 1)")
+        i = [h.strip() for h in header].index(col)
+        out = []
+        for row in reader:
+            where = f"{p}: line {reader.line_num}"
+            if not row:
+                raise VGenError(f"prompts: {where} is blank: a .csv prompt file holds one prompt on every row")
+            if i >= len(row):
+                raise VGenError(f"prompts: {where} has {len(row)} fields and no value in column {col!r}")
+            out.append(_prompt_text(row[i], where, col))
+    except csv.Error as e:
+        raise VGenError(f"prompts: {p}: line {reader.line_num} is not valid CSV ({e})") from None
+    return out
+
+
+def _prompts_json(p: Path, text: str, column: str | None) -> list[str]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise VGenError(f"prompts: {p}: line {e.lineno} is not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(data, list):
+        raise VGenError(f"prompts: {p} holds a JSON {type(data).__name__}: a .json prompt file holds a list of "
+                        "prompts (strings, or objects with the prompt's column)")
+    out, col = [], None
+    for k, rec in enumerate(data):
+        where = f"{p}[{k}]"
+        if isinstance(rec, str) and column is None:
+            out.append(_prompt_text(rec, where, None))
+            continue
+        if not isinstance(rec, dict):
+            raise VGenError(f"prompts: {where} is a JSON {type(rec).__name__}: give a string or an object with the "
+                            "prompt's column")
+        if col is None:
+            col = _pick_column(rec.keys(), column, where)
+        elif col not in rec:
+            raise VGenError(f"prompts: {where} has no column {col!r}: every entry needs the prompt's column")
+        out.append(_prompt_text(rec[col], where, col))
+    return out

@@ -137,7 +137,11 @@ class EvalSchema:
     video_classifier: Optional[str] = None  # fvd extractor=photo; null = the zoo's
     isc: bool = True
     kid_subset_size: int = 1000
-    batch_size: Optional[int] = None  # null: 64 (fid), 16 (fvd)
+    clip_model: str = "ViT-B/32"  # clip: ViT-B/32 | ViT-L/14
+    clip_weights: Optional[str] = None  # clip: folder of the model's HF files (or $VGEN_CLIP_WEIGHTS, or the HF cache)
+    prompts: Optional[str] = None  # clip: .txt (one per line) | .jsonl | .csv | .json; prompt i pairs with sample i
+    prompt_column: Optional[str] = None  # clip: the prompts' column (.jsonl / .csv / .json); null: caption, prompt, text
+    batch_size: Optional[int] = None  # null: 64 (fid, clip), 16 (fvd)
     out: Optional[str] = None
     device: str = "cpu"
     progress: bool = True
