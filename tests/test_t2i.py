@@ -115,3 +115,166 @@ def test_sample_job_takes_prompts_and_prompt_files(tiny_t2i_pipeline, tmp_path):
           f"outdir={out2}", "progress=false"])
     for i in range(3):  # the same samples from the file as inline (sample i: prompt i % 2, seed i)
         assert (out2 / f"{i:06d}.png").read_bytes() == (out / f"{i:06d}.png").read_bytes()
+
+
+def test_prompt_accuracy_reads_real_captioned_crops():
+    """On real test crops with their true captions the accuracies are high; with the captions shuffled the subject
+    accuracy falls to near chance (the score can fail)."""
+    from vgen.data.captions import captioned_photos
+    from vgen.eval.t2i import prompt_accuracy
+    d = captioned_photos("test", 64, seed=1)
+    acc = prompt_accuracy(d.images, list(d.captions))
+    assert acc["subject_n"] == 64 and acc["subject_accuracy"] >= 0.8
+    assert acc["colour_n"] > 0 and acc["colour_accuracy"] >= 0.8
+    assert acc["brightness_n"] > 0 and acc["brightness_accuracy"] >= 0.8
+    shuffled = list(d.captions[17:]) + list(d.captions[:17])
+    assert prompt_accuracy(d.images, shuffled)["subject_accuracy"] <= 0.3
+
+
+def test_eval_suite_t2i_scores_a_sample_folder(tmp_path, monkeypatch):
+    from vgen.cli import main
+    from vgen.data.captions import captioned_photos
+    from vgen.io import atomic_write_json, save_png
+    monkeypatch.delenv("VGEN_CLIP_WEIGHTS", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # no CLIP weights anywhere: CLIP score left out
+    d = captioned_photos("test", 12, seed=2)
+    folder = tmp_path / "samples"
+    for i, x in enumerate(d.images):
+        save_png(folder / f"{i:06d}.png", x)
+    atomic_write_json(folder / "stats.json", {"prompts": list(d.captions)})
+    main(["eval", "suite=t2i", f"samples={folder}", "progress=false"])
+    res = json.loads((folder / "t2i.json").read_text())
+    assert res["fid"] > 0 and res["subject_n"] == 12 and res["subject_accuracy"] >= 0.7
+    assert res["clip_score"] is None and any("CLIP score left out" in w for w in res["warnings"])
+    assert (folder / "t2i.md").read_text().startswith("| metric | value |")
+
+
+@pytest.mark.filterwarnings("ignore:.*truncated")
+def test_drafter_recipe_trains_on_a_text_model_and_eagle_keeps_padding_invariance(tiny_t2i_pipeline, tmp_path):
+    """The drafter recipe reads a text pipeline (captioned crops and self-samples on prompts); eagle with the head
+    takes prompts, and a prompt's tokens are the same alone or in a batch."""
+    from vgen.train.common import run_recipe
+    from vgen.train.drafter import DrafterTrainConfig
+    m = run_recipe(DrafterTrainConfig(out=str(tmp_path / "d"), model=str(tiny_t2i_pipeline), steps=3, n_train=8,
+                                      n_test=4, self_samples=4, batch_size=4, save_every=3, install=True))
+    assert m["steps"] == 3 if "steps" in m else True
+    pipe = load_pipeline(str(tiny_t2i_pipeline))
+    together = pipe.generate(prompts=PROMPTS, sampler="eagle", seed=7, batch_size=4, window=3)
+    for i, p in enumerate(PROMPTS):
+        alone = pipe.generate(prompts=[p], sampler="eagle", seed=7 + i, window=3)
+        assert torch.equal(alone.tokens[0], together.tokens[i])
+
+
+def _released_folder(tmp_path, conf_dir):
+    """A folder laid out like the LlamaGen-T2I release (GPT .pt under "model", VQ .pt, a T5 folder), holding the
+    conformance fixture's official t2i weights (its sizes go in the card's model_config)."""
+    from safetensors.torch import load_file
+    from conftest import load_io, tiny_text_encoder
+    from vgen.pipeline import llamagen_t2i_card
+    from vgen.models import build
+    io = load_io(conf_dir, "llamagen_gpt_t2i")
+    folder = llamagen_t2i_card(tmp_path / "llamagen-t2i", stage=1)
+    torch.manual_seed(1)
+    tiny_vq = build("vq", codebook_size=io["config"]["vocab_size"], codebook_embed_dim=8, encoder_ch_mult=[1, 2],
+                    decoder_ch_mult=[1, 2], z_channels=32, ch=32, num_res_blocks=1)
+    torch.save({"model": load_file(str(conf_dir / "llamagen_gpt_t2i.safetensors"))}, folder / "t2i_XL_stage1_256.pt")
+    torch.save({"model": tiny_vq.state_dict()}, folder / "vq_ds16_t2i.pt")
+    c = io["config"]
+    tiny_text_encoder(caption_tokens=c["cls_token_num"], d_model=c["caption_dim"]).save(folder / "flan-t5-xl")
+    card = json.loads((folder / "pipeline.json").read_text())
+    assert card["sampling"]["cfg_scale"] == 7.5 and card["sampling"]["top_k"] == 1000  # the official defaults
+    card["sampling"]["top_k"] = 100  # the fixture's vocabulary is 256
+    g = int(round(c["block_size"] ** 0.5))
+    card.update(token_shape=[g, g], vocab_size=c["vocab_size"], image_size=g * 2,
+                model_config={"block_size": c["block_size"], "n_head": c["n_head"]})
+    (folder / "pipeline.json").write_text(json.dumps(card))
+    return folder, io
+
+
+def test_released_llamagen_t2i_layout_loads_unchanged(tmp_path, conf_dir):
+    """The released files' layout (GPT checkpoint under "model", the t2i keys) loads through the card, the caption
+    path runs FLAN-T5's way (120 positions, left-padded), and the official defaults apply (cfg 7.5, top-k 1000)."""
+    folder, io = _released_folder(tmp_path, conf_dir)
+    pipe = load_pipeline(str(folder))
+    assert pipe.model.config.model_type == "t2i" and pipe.model.cond_len == io["config"]["cls_token_num"]
+    s = pipe.make_sampler()
+    assert s.options.cfg_scale == 7.5 and s.options.top_k == 100
+    feats = pipe.encode(pipe.condition(prompts=["a photo of the moon"]))
+    assert feats.shape == (1, 120, io["config"]["caption_dim"]) and pipe.model.cond_mask(feats)[0, -6:].all()
+    assert not pipe.model.cond_mask(feats)[0, :-6].any()  # 5 words + </s>, left-padded
+    gen = pipe.generate(prompts=["a photo of the moon"], seed=0)
+    assert gen.tokens.shape == (1, io["config"]["block_size"])
+
+
+def test_released_layout_names_every_missing_file_and_its_source(tmp_path, conf_dir):
+    folder, _ = _released_folder(tmp_path, conf_dir)
+    (folder / "t2i_XL_stage1_256.pt").unlink()
+    import shutil
+    shutil.rmtree(folder / "flan-t5-xl")
+    with pytest.raises(VGenError, match=r"lacks t2i_XL_stage1_256.pt \(https://huggingface.co/peizesun.*flan-t5-xl "
+                                        r"\(huggingface-cli download google/flan-t5-xl"):
+        load_pipeline(str(folder))
+
+
+def _cli(args, capsys):
+    from vgen.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return e.value.code, err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (['prompts=["a photo of the moon"]'], "class-conditional model and reads no text"),
+    (["prompt_file=nope.txt"], "nope.txt"),
+])
+def test_cli_refuses_prompts_for_a_class_model(args, msg, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = _cli(["sample", *args, f"outdir={tmp_path / 'out'}", "progress=false"], capsys)
+    assert code == 2 and msg in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["labels=[0]"], "text-to-image model: give prompts"),
+    ([], "text-to-image model: give prompts"),
+    (['prompts=[""]'], "empty prompt"),
+    (["prompt_file=p.csv"], "column"),
+    (["prompt_file=b.txt"], "blank"),
+    (['prompts=["a"]', "prompt_file=b.txt"], "not both"),
+    (["samples_per_class=2"], "samples_per_class is for class models"),
+])
+def test_cli_refuses_bad_conditions_for_a_text_model(tiny_t2i_pipeline, args, msg, tmp_path, capsys, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    (work / "p.csv").write_text("title\na photo of the moon\n")
+    (work / "b.txt").write_text("a photo of the moon\n\ncat\n")
+    before = sorted(p.name for p in work.iterdir())
+    code, err = _cli(["sample", f"model.path={tiny_t2i_pipeline}", *args, f"outdir={work / 'out'}", "progress=false"],
+                     capsys)
+    assert code == 2 and msg in err, err
+    assert sorted(p.name for p in work.iterdir()) == before  # nothing written
+
+
+def test_demo_races_samplers_on_a_prompt(tiny_t2i_pipeline):
+    from vgen.demo import LOCAL, Demo
+    d = Demo(allowed_dirs=[str(tiny_t2i_pipeline.parent)])
+    res = d.race(LOCAL, str(tiny_t2i_pipeline), None, 0, ["sjd"], {"window": 4}, prompt="a photo of the moon")
+    assert [r["sampler"] for r in res] == ["ar", "sjd"]
+    alone = load_pipeline(str(tiny_t2i_pipeline)).generate(prompts=["a photo of the moon"], seed=0)
+    assert torch.equal(res[0]["image"], alone.images[0])
+    with pytest.raises(VGenError, match="type a prompt"):
+        d.race(LOCAL, str(tiny_t2i_pipeline), None, 0, ["sjd"], {}, prompt="  ")
+
+
+def test_app_shows_a_prompt_box_for_a_text_model(tiny_t2i_pipeline):
+    pytest.importorskip("gradio")
+    from vgen.demo import Demo, build_app
+    app = build_app(Demo(allowed_dirs=[str(tiny_t2i_pipeline.parent)]), "photos-gpt", str(tiny_t2i_pipeline))
+    blocks = list(app.blocks.values())
+    prompt = [b for b in blocks if getattr(b, "label", None) == "prompt"]
+    cls = [b for b in blocks if getattr(b, "label", None) == "class"]
+    assert prompt and prompt[0].visible and prompt[0].value == "a photo of the moon"
+    assert cls and not cls[0].visible

@@ -147,6 +147,8 @@ class Card:
     conditioning: str = "class"
     text_encoder: str = ""
     examples: tuple[str, ...] = ()
+    model_config: dict = field(default_factory=dict)  # config fields the weights cannot tell (e.g. block_size)
+    sources: dict = field(default_factory=dict)  # file -> where it comes from (named when the file is missing)
     data: dict = field(default_factory=dict, repr=False, compare=False)  # the JSON object as read
 
     @classmethod
@@ -212,7 +214,8 @@ class Card:
                    drafter=r.text("drafter"), compare_to=r.text("compare_to"), image_size=r.count("image_size"),
                    frames=r.count("frames"), fps=r.count("fps"), patch_nums=r.counts("patch_nums"),
                    metrics=r.mapping("metrics"), conditioning=conditioning, text_encoder=r.text("text_encoder"),
-                   examples=r.texts("examples"), data=data)
+                   examples=r.texts("examples"), model_config=r.mapping("model_config"),
+                   sources=r.mapping("sources"), data=data)
 
     @property
     def spec(self) -> ModelSpec:
@@ -232,6 +235,21 @@ class Card:
             raise VGenError(f"{self.name} was built in memory and has no files: save it with "
                             "vgen.pipeline.save_pipeline first")
         return self.folder / name
+
+    def check_files(self) -> None:
+        """Every file the pipeline reads is there: one line naming each missing one and where it comes from (the
+        card's ``sources``), before any weights load."""
+        if self.folder is None:
+            return
+        want = [self.model_file, self.tokenizer_file] + ([self.text_encoder] if self.text_encoder else [])
+        missing = [w for w in want if w and not (self.folder / w).exists() and not (w == self.text_encoder
+                                                                                    and Path(self.text_encoder_path).exists())]
+        if self.text_encoder and self.text_encoder in missing and "/" in self.text_encoder \
+                and not Path(self.text_encoder).expanduser().is_absolute():
+            missing.remove(self.text_encoder)  # a hub id: the text encoder loader looks in the local cache
+        if missing:
+            said = [f"{m} ({self.sources[m]})" if m in self.sources else m for m in missing]
+            raise VGenError(f"{self.folder} lacks {', '.join(said)}: put the file(s) there, or correct pipeline.json")
 
     @property
     def text_encoder_path(self) -> str:

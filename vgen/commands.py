@@ -128,14 +128,16 @@ def _eval_suite(cfg: DictConfig) -> dict:
     from vgen.errors import VGenWarning
     from vgen.eval.adm import SUITES, evaluate, markdown
     from vgen.io import atomic_write_bytes, atomic_write_json
-    if cfg.suite not in SUITES:
-        raise VGenError(f"unknown suite {cfg.suite!r}: use one of {', '.join(SUITES)}")
+    if cfg.suite not in SUITES + ("t2i",):
+        raise VGenError(f"unknown suite {cfg.suite!r}: use one of {', '.join(SUITES + ('t2i',))}")
     if OmegaConf.is_missing(cfg, "samples"):
         raise VGenError(f"say what to score: vgen eval suite={cfg.suite} samples=<folder of images | .npz>")
     sp = Path(cfg.samples)
     default = sp / f"{cfg.suite}.json" if sp.is_dir() else sp.with_name(f"{sp.stem}.{cfg.suite}.json")
     out = validate.out_file(cfg.out or default)
     md = out.with_suffix(".md")
+    if cfg.suite == "t2i":
+        return _eval_t2i(cfg, out, md)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VGenWarning)
         res = evaluate(cfg.samples, cfg.reference or "photos-test", suite=cfg.suite, extractor=cfg.extractor,
@@ -146,6 +148,32 @@ def _eval_suite(cfg: DictConfig) -> dict:
     import sys
     for w in caught:
         print(f"vgen eval: warning: {w.message}", file=sys.stderr)
+    atomic_write_json(out, res)
+    table = markdown(res)
+    atomic_write_bytes(md, table.encode())
+    print(table + f"wrote {out} and {md}")
+    return res
+
+
+def _eval_t2i(cfg: DictConfig, out: Path, md: Path) -> dict:
+    """`vgen eval suite=t2i samples=<dir | .npz> [prompts=<file>] [reference=...] [clip_weights=...]`: the ADM table,
+    CLIP score and (zoo prompts) prompt accuracy -> out (JSON) and .md (:mod:`vgen.eval.t2i`)."""
+    import warnings
+
+    from vgen.errors import VGenWarning
+    from vgen.eval.t2i import evaluate, markdown
+    from vgen.io import atomic_write_bytes, atomic_write_json, read_prompts
+    prompts = None if cfg.prompts is None else read_prompts(cfg.prompts, cfg.prompt_column)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always", VGenWarning)
+        res = evaluate(cfg.samples, prompts, cfg.reference or "photos-test", extractor=cfg.extractor,
+                       weights=cfg.inception_weights if cfg.extractor == "inception" else cfg.classifier,
+                       clip_model=cfg.clip_model, clip_weights=cfg.clip_weights, classifier=cfg.classifier,
+                       batch_size=cfg.batch_size or 64, device=cfg.device, kid_subset_size=cfg.kid_subset_size,
+                       progress=cfg.progress)
+    import sys
+    for w in res["warnings"]:
+        print(f"vgen eval: warning: {w}", file=sys.stderr)
     atomic_write_json(out, res)
     table = markdown(res)
     atomic_write_bytes(md, table.encode())
@@ -182,12 +210,13 @@ def _eval_clip(cfg: DictConfig) -> dict:
     from vgen.eval.clip import clip_score, clip_weights_folder, read_config
     from vgen.eval.sources import ImageSource
     from vgen.io import atomic_write_json, read_prompts
-    if cfg.prompts is None:
-        raise VGenError("say which prompts go with the samples: vgen eval clip samples=... "
-                        "prompts=<prompts.txt | .jsonl | .csv | .json> (prompt i pairs with sample i)")
+    if cfg.prompts is None:  # a vgen sample folder records its prompts
+        from vgen.eval.t2i import sample_prompts
+        prompts = sample_prompts(cfg.samples)
+    else:
+        prompts = read_prompts(cfg.prompts, cfg.prompt_column)
     sp = Path(cfg.samples)
     out = validate.out_file(cfg.out or (sp / "clip.json" if sp.is_dir() else sp.with_name(f"{sp.stem}.clip.json")))
-    prompts = read_prompts(cfg.prompts, cfg.prompt_column)
     folder = clip_weights_folder(cfg.clip_weights, cfg.clip_model)
     read_config(folder, cfg.clip_model)
     src = ImageSource(cfg.samples, "samples")

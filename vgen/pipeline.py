@@ -116,11 +116,12 @@ class Pipeline:
     def from_card(cls, card: Card, device="cpu", dtype=None) -> Pipeline:
         """The pipeline a loaded card describes: its model and tokenizer files read."""
         device = validate.device(device)
+        card.check_files()
         text = None
         if card.conditioning == "text":
             from vgen.models.text import check_folder, find_folder
             check_folder(find_folder(card.text_encoder_path))  # before any weights load
-        model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype)
+        model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype, **card.model_config)
         tok = load_official(card.tokenizer_kind, card.tokenizer_path, device=device)
         if card.conditioning == "text":
             from vgen.models.text import TextEncoder
@@ -273,6 +274,43 @@ def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipelin
     """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
     model in ``dtype`` (None: as stored)."""
     return Pipeline.from_pretrained(name, device=device, dtype=dtype)
+
+
+LLAMAGEN_T2I = {  # stage -> (GPT file, tokens per side, pixels per side); FoundationVision/LlamaGen's releases
+    1: ("t2i_XL_stage1_256.pt", 16, 256),
+    2: ("t2i_XL_stage2_512.pt", 32, 512),
+}
+LLAMAGEN_T2I_SOURCES = {
+    "t2i_XL_stage1_256.pt": "https://huggingface.co/peizesun/llamagen_t2i/resolve/main/t2i_XL_stage1_256.pt",
+    "t2i_XL_stage2_512.pt": "https://huggingface.co/peizesun/llamagen_t2i/resolve/main/t2i_XL_stage2_512.pt",
+    "vq_ds16_t2i.pt": "https://huggingface.co/peizesun/llamagen_t2i/resolve/main/vq_ds16_t2i.pt",
+    "flan-t5-xl": "huggingface-cli download google/flan-t5-xl --local-dir flan-t5-xl",
+}
+
+
+def llamagen_t2i_card(folder, stage: int = 1, text_encoder: str = "flan-t5-xl") -> Path:
+    """Write ``pipeline.json`` for the released LlamaGen-T2I files in ``folder`` (loaded unchanged): the stage-1
+    (256 px, 16x16 tokens) or stage-2 (512 px, 32x32, ``block_size`` 1024) GPT-XL, ``vq_ds16_t2i.pt`` and the
+    FLAN-T5-XL folder (``text_encoder``: a folder name inside ``folder``, an absolute path or a hub id in the local
+    cache), with the official sampling defaults (cfg 7.5, top-k 1000). A missing file is named when the pipeline
+    loads, with where it comes from."""
+    from vgen.io import atomic_write_json
+    if stage not in LLAMAGEN_T2I:
+        raise VGenError(f"stage must be 1 (256 px) or 2 (512 px), got {stage!r}")
+    gpt, side, px = LLAMAGEN_T2I[stage]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    card = {"name": f"llamagen-t2i-xl-stage{stage}", "model_kind": "gpt", "model": gpt, "tokenizer_kind": "vq",
+            "tokenizer": "vq_ds16_t2i.pt", "generation": "next-token", "conditioning": "text",
+            "text_encoder": text_encoder, "token_shape": [side, side], "vocab_size": 16384, "image_size": px,
+            "model_config": {"block_size": side * side, "cls_token_num": 120},
+            "sampling": {"cfg_scale": 7.5, "top_k": 1000, "temperature": 1.0, "top_p": 1.0},
+            "examples": ["a photo of an astronaut riding a horse on the moon",
+                         "a bowl of fruit on a wooden table, oil painting",
+                         "a red double-decker bus on a rainy street in London"],
+            "sources": {k: v for k, v in LLAMAGEN_T2I_SOURCES.items() if k in (gpt, "vq_ds16_t2i.pt", text_encoder)}}
+    atomic_write_json(folder / "pipeline.json", card)
+    return folder
 
 
 def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_kind: str = "vq",

@@ -182,7 +182,7 @@ def register() -> None:
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
                                     VideoNARTrainConfig, VQTrainConfig, KLTrainConfig,
-                                    ContinuousTrainConfig, DrafterTrainConfig, CarDistillConfig)
+                                    ContinuousTrainConfig, DrafterTrainConfig, CarDistillConfig, T2ITrainConfig)
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
@@ -207,3 +207,4 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_continuous", node=ContinuousTrainConfig)
     cs.store(group="vgen_schema", name="recipe_drafter", node=DrafterTrainConfig)
     cs.store(group="vgen_schema", name="recipe_car_distill", node=CarDistillConfig)
+    cs.store(group="vgen_schema", name="recipe_t2i", node=T2ITrainConfig)

@@ -407,3 +407,23 @@ def train_text_tokenizer(corpus: list[str], folder: str | Path, vocab_size: int 
         {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n")
     return folder
 
+
+
+def read_facts(prompt: str) -> dict:
+    """The facts a prompt states that can be checked from pixels or by the photo classifier: ``subject`` (a class
+    name, when the prompt names one of :data:`SUBJECT_PHRASES` or a class name as a word), ``colour`` and
+    ``brightness`` (when it says "in black and white", "in warm tones", "dark", ...). What it does not state is
+    absent. The inverse of :func:`describe` for these three facts."""
+    text = " " + re.sub(r"[^a-z\- ]", " ", prompt.lower()) + " "
+    out: dict = {}
+    hits = [(len(p), name) for name, p in SUBJECT_PHRASES.items() if f" {p.removeprefix('the ')} " in text]
+    hits += [(len(name), name) for name in SUBJECT_PHRASES if f" {name} " in text]
+    if hits:
+        out["subject"] = max(hits)[1]
+    for colour, phrase in _COLOUR_PHRASE.items():
+        if f" {phrase} " in text:
+            out["colour"] = colour
+    for b in ("dark", "bright"):
+        if f" {b} " in text:
+            out["brightness"] = b
+    return out

@@ -21,6 +21,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 REFERENCES = {
     "photos-test": dict(split="test", n=1000, seed=0, size=64),
     "photos-train": dict(split="train", n=1000, seed=0, size=64),
+    # photos-t2i's data: captioned test crops (colour and brightness treatments included, vgen.data.captions)
+    "captioned-test": dict(split="test", n=1000, seed=0, size=64, captioned=True),
 }
 
 
@@ -74,6 +76,9 @@ def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
 def _registered(name: str) -> torch.Tensor:
     from vgen.data import photos
     a = REFERENCES[name]
+    if a.get("captioned"):
+        from vgen.data.captions import captioned_photos
+        return captioned_photos(a["split"], a["n"], seed=a["seed"], size=a["size"]).images
     return photos(a["split"], a["n"], seed=a["seed"], size=a["size"]).images
 
 

@@ -261,10 +261,7 @@ class InferenceHead:
 def target_features(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
     """Teacher-forced hidden states of ``target`` (before its final norm): (B, L, d), row i predicts token i
     (row 0 is the state after the condition)."""
-    c = target.embed_cond(cond)
-    h = torch.cat([c, target.tok_embeddings(tokens[:, :-1])], dim=1)
-    h = target.run_layers(h, torch.arange(h.shape[1], device=h.device))
-    return h[:, c.shape[1] - 1:]
+    return target.teacher_hidden(tokens, cond)[:, target.cond_len - 1:]
 
 
 def save_drafter(drafter: Drafter, path, extra: dict | None = None):

@@ -362,20 +362,25 @@ class GPT(nn.Module):
         h = self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask)
         return self.head(h), h
 
-    def forward(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
-        """Teacher forcing: tokens (B, L) -> logits (B, L, V), ``logits[:, i]`` predicts ``tokens[:, i]``."""
+    def teacher_hidden(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
+        """Teacher forcing's hidden states (before the final norm) over [condition, tokens[:, :-1]]: (B, S, d) with
+        row ``cond_len - 1 + i`` predicting ``tokens[:, i]``. A padded caption's padding keys are hidden (the
+        official mask: causal, padding columns zeroed, the diagonal kept)."""
         c = self.embed_cond(cond)
         h = torch.cat([c, self.tok_embeddings(tokens[:, :-1])], dim=1)
         h = self.tok_dropout(h)
         pos = torch.arange(h.shape[1], device=h.device)
         valid = self.cond_mask(cond)
-        if valid is not None and attn_mask is None:  # causal, padding keys hidden, the diagonal kept
+        if valid is not None and attn_mask is None:
             n = h.shape[1]
             keys = torch.cat([valid, valid.new_ones(valid.shape[0], n - valid.shape[1])], 1)
             causal = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
             attn_mask = (causal & keys[:, None, :] | torch.eye(n, dtype=torch.bool, device=h.device))[:, None]
-        h = self.run_layers(h, pos, None, attn_mask)
-        return self.head(h[:, c.shape[1] - 1:])
+        return self.run_layers(h, pos, None, attn_mask)
+
+    def forward(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
+        """Teacher forcing: tokens (B, L) -> logits (B, L, V), ``logits[:, i]`` predicts ``tokens[:, i]``."""
+        return self.head(self.teacher_hidden(tokens, cond, attn_mask)[:, self.config.cls_token_num - 1:])
 
     def config_dict(self) -> dict:
         return asdict(self.config)

@@ -83,6 +83,8 @@ class TextEncoder(torch.nn.Module):
         from transformers.utils import logging as hf_logging
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # a full T5 checkpoint's decoder weights are expected to be unused
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
         try:
             tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
             enc = T5EncoderModel.from_pretrained(str(folder), local_files_only=True, dtype=dtype or torch.float32)
@@ -91,6 +93,8 @@ class TextEncoder(torch.nn.Module):
                             "it again") from None
         finally:
             hf_logging.set_verbosity(verbosity)
+            if bars:
+                hf_logging.enable_progress_bar()
         return cls(tok, enc.to(device).eval(), max_tokens)
 
     @property

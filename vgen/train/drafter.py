@@ -82,8 +82,31 @@ def codes_from_folder(folder: Path, split: str) -> tuple[torch.Tensor, torch.Ten
 
 
 @torch.no_grad()
+def text_codes(run, pipe, split: str, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A text pipeline's training sequences: ``n`` captioned photo crops of a split (:mod:`vgen.data.captions`, one
+    true caption each) -> (codes int16 (n, L), caption features (n, T, D) from the pipeline's text encoder); codes
+    and captions cached as ``codes_<split>.pt``."""
+    from vgen.conditions import Prompts
+    from vgen.data import to_model_range
+    from vgen.data.captions import captioned_photos
+    path = run.path / f"codes_{split}.pt"
+    d = torch.load(path, weights_only=True) if path.exists() else None
+    if d is None or d["codes"].shape[0] != n:
+        data = captioned_photos(split, n, seed=seed, size=pipe.card.image_size or 64)
+        dev = next(pipe.tokenizer.parameters()).device
+        codes = torch.cat([pipe.tokenizer.encode_to_codes(to_model_range(data.images[i:i + 128].to(dev)))
+                           .to(torch.int16).cpu() for i in range(0, n, 128)])
+        d = {"codes": codes, "captions": list(data.captions)}
+        buf = io.BytesIO()
+        torch.save(d, buf)
+        atomic_write_bytes(path, buf.getvalue())
+    return d["codes"], pipe.encode(Prompts(tuple(d["captions"]))).cpu()
+
+
+@torch.no_grad()
 def cached_features(run, target, codes: torch.Tensor, labels: torch.Tensor, split: str, batch: int = 32):
-    """Target hidden states (N, 2, L, d) fp16 for [class, null] conditions, cached as ``features_<split>.pt``."""
+    """Target hidden states (N, 2, L, d) fp16 for [condition, null] (``labels``: class ids, or a text model's
+    caption features), cached as ``features_<split>.pt``."""
     path = run.path / f"features_{split}.pt"
     if path.exists():
         d = torch.load(path, weights_only=True)
@@ -115,15 +138,23 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
     if path.exists():
         d = torch.load(path, weights_only=True)
         codes, labels = d["codes"], d["labels"]
-    k = pipe.model.num_classes
+    text = pipe.card.conditioning == "text"
+    if text:  # a text model drafts for captions like its training crops': those of captioned train crops
+        from vgen.conditions import Prompts
+        from vgen.data.captions import captioned_photos
+        prompts = list(captioned_photos("train", n, seed=seed).captions)
+    if text and path.exists():
+        labels = pipe.encode(Prompts(tuple(prompts[:codes.shape[0]]))).cpu()
     while codes.shape[0] < n:
         i = codes.shape[0]
         m = min(chunk, n - i)
-        g = pipe.generate([(i + j) % k for j in range(m)], seed=seed + i, batch_size=m, compile=False)
+        cond = {"prompts": prompts[i:i + m]} if text else \
+            {"labels": [(i + j) % pipe.model.num_classes for j in range(m)]}
+        g = pipe.generate(**cond, seed=seed + i, batch_size=m, compile=False)
         codes = torch.cat([codes, g.tokens.to(torch.int16)])
-        labels = torch.cat([labels, g.labels.long()])
+        labels = torch.cat([labels, pipe.encode(Prompts(tuple(g.prompts))).cpu() if text else g.labels.long()])
         buf = io.BytesIO()
-        torch.save({"codes": codes, "labels": labels}, buf)
+        torch.save({"codes": codes, "labels": labels if not text else torch.empty(0)}, buf)
         atomic_write_bytes(path, buf.getvalue())
         print(f"{name}: {codes.shape[0]} / {n} sequences sampled from the target", flush=True)
     return codes[:n], labels[:n]
@@ -252,6 +283,9 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         (tr_codes, tr_labels), (te_codes, te_labels) = tr, te
         tr_codes, te_codes = tr_codes[:cfg.n_train], te_codes[:cfg.n_test]
         tr_labels, te_labels = tr_labels[:cfg.n_train], te_labels[:cfg.n_test]
+    elif pipe.card.conditioning == "text":
+        tr_codes, tr_labels = text_codes(run, pipe, "train", cfg.n_train, cfg.seed)
+        te_codes, te_labels = text_codes(run, pipe, "test", cfg.n_test, cfg.seed + 1)
     else:
         tr_codes, tr_labels = cached_codes(run, pipe.tokenizer, "train", cfg.n_train, cfg.seed)
         te_codes, te_labels = cached_codes(run, pipe.tokenizer, "test", cfg.n_test, cfg.seed + 1)

@@ -6,6 +6,7 @@ from vgen.train.gpt import GPTTrainConfig, train_gpt
 from vgen.train.kl import KLTrainConfig, train_kl
 from vgen.train.msvq import MSVQTrainConfig, train_msvq
 from vgen.train.nar import NARTrainConfig, train_nar
+from vgen.train.t2i import T2ITrainConfig, train_t2i
 from vgen.train.photo import PhotoTrainConfig, train_photo
 from vgen.train.var import VARTrainConfig, train_var
 from vgen.train.video import VideoGPTTrainConfig, VideoNARTrainConfig, train_video_gpt, train_video_nar
@@ -19,3 +20,4 @@ __all__ += ["KLTrainConfig", "train_kl"]
 __all__ += ["ContinuousTrainConfig", "train_continuous"]
 __all__ += ["DrafterTrainConfig", "train_drafter"]
 __all__ += ["CarDistillConfig", "train_car_distill"]
+__all__ += ["T2ITrainConfig", "train_t2i"]

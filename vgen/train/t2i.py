@@ -37,7 +37,7 @@ class T2ITrainConfig(RecipeConfig):
     out: str = "runs/photos-t2i"
     tokenizer: str = "vgen/zoo/photos-gpt/vq.safetensors"   # the VQ (photos-gpt's: the same codes)
     init_gpt: str = "vgen/zoo/photos-gpt/gpt.safetensors"   # start the transformer here ('' = from scratch)
-    steps: int = 1500
+    steps: int = 1000
     batch_size: int = 32
     lr: float = 5e-4
     weight_decay: float = 0.05
@@ -193,7 +193,7 @@ def export(folder: Path, m: T2I, vq, cfg: T2ITrainConfig, metrics: dict) -> Path
     save_safetensors(vq.state_dict(), folder / "vq.safetensors", metadata={"config": json.dumps(vq.config_dict())})
     shutil.rmtree(folder / "text", ignore_errors=True)
     m.text.save(folder / "text")
-    examples = [p for p, _ in prompt_set("subject", 16, 0)][:8]
+    examples = [p for p, _ in prompt_set("subject", 16, 0)]  # every subject: bench and window=auto sample them in turn
     card = {"name": "photos-t2i", "model_kind": "gpt", "model": "gpt.safetensors", "tokenizer_kind": "vq",
             "tokenizer": "vq.safetensors", "generation": "next-token", "conditioning": "text", "text_encoder": "text",
             "token_shape": list(gpt.token_shape), "vocab_size": gpt.vocab_size, "image_size": 64,
