@@ -121,7 +121,8 @@ def _config_error(e: Exception, command: str) -> str | None:
     keys = f"`vgen {command} --cfg job` lists every key"
     if isinstance(e, OverrideParseException):
         detail = "; ".join(x for x in lines[:2] if not x.startswith("See "))
-        return f"cannot read the override ({detail}): write key=value, e.g. seed=3 ({keys})"
+        return (f"cannot read the override ({detail}): write key=value, e.g. seed=3, and quote a value with spaces "
+                f"or ~ in it, e.g. outdir='my samples' ({keys})")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and key:
         return f"unknown key {key!r}: {keys}"
     if isinstance(cause, ValidationError) and key:

@@ -80,6 +80,10 @@ def eval(cfg: DictConfig):  # noqa: A001 (the command's name)
     from vgen.eval.sources import load_images
     from vgen.io import atomic_write_json
     metric = cfg.metric
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise VGenError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    if cfg.kid_subset_size < 2:
+        raise VGenError(f"kid_subset_size must be >= 2 (images per KID subset), got {cfg.kid_subset_size}")
     if cfg.suite is not None:
         if metric != "fid":
             raise VGenError(f"suite={cfg.suite} scores images with its own table: drop {metric!r} "
@@ -301,7 +305,13 @@ def scalekv(cfg: DictConfig):
         raise VGenError(f"budget must be in (0, 1] (fraction of the full cache kept), got {cfg.budget}")
     if cfg.num_samples < 1:
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
-    out = Path(cfg.out or f"scalekv_{Path(str(name)).name}_{cfg.budget:g}.json")
+    if not cfg.max_ratio >= 1 or cfg.max_ratio == float("inf"):
+        raise VGenError(f"max_ratio must be a finite number >= 1 (how much more cache a drafter layer may keep than "
+                        f"a refiner), got {cfg.max_ratio}")
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise VGenError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    from vgen import validate
+    out = validate.out_file(cfg.out or f"scalekv_{Path(str(name)).name}_{cfg.budget:g}.json")
     from vgen.samplers.var import calibrate_scalekv
     pipe = Pipeline.from_card(card, device=cfg.device)
     cal = calibrate_scalekv(pipe, cfg.budget, cfg.num_samples, cfg.seed, cfg.batch_size, cfg.max_ratio,

@@ -60,6 +60,23 @@ def cache_dir(path: str | os.PathLike | None = None) -> Path:
     return p
 
 
+def read_json(path: str | os.PathLike, what: str, fix: str, kind: type = dict):
+    """A JSON file vgen wrote (a record, a calibration): its object, or a one-line ``VGenError`` naming the file,
+    what it should be and ``fix`` when it is unreadable, not JSON or not a ``kind``."""
+    from vgen.errors import VGenError
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise VGenError(f"{what} {p} not found: {fix}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise VGenError(f"{what} {p} is not readable JSON ({str(e).splitlines()[0] if str(e) else type(e).__name__}): "
+                        f"{fix}") from None
+    if not isinstance(data, kind):
+        raise VGenError(f"{what} {p} holds a {type(data).__name__}, not a JSON {kind.__name__}: {fix}")
+    return data
+
+
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 

@@ -243,7 +243,9 @@ def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[
     key_file = out / "run.json"
     want = json.loads(json.dumps(run_key))
     if key_file.exists():
-        old = json.loads(key_file.read_text())
+        from vgen.io import read_json
+        old = read_json(key_file, "run record", f"it is damaged: delete {key_file} to resume these samples with the "
+                        "settings given now, or choose a new outdir")
         if old != want:
             diff = sorted(k for k in set(old) | set(want) if old.get(k) != want.get(k))
             raise VGenError(f"{out} holds samples of another run (differs in {', '.join(diff)}): resume with the "
@@ -262,8 +264,13 @@ def merged_parts(out: Path, n: int) -> dict:
     with the one stats schema; ``samples_with_stats`` says how many samples they cover."""
     parts, seen = [], set()
     for f in sorted((out / ".parts").glob("*.json")):
-        p = json.loads(f.read_text())
-        idx = p.pop("indices")
+        try:  # a damaged part (a killed writer cannot leave one: they are atomic) only loses its batch's stats
+            p = json.loads(f.read_text())
+            idx = [int(i) for i in p.pop("indices")]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            import warnings
+            warnings.warn(f"{f} is damaged: its batch's stats are left out of stats.json", stacklevel=2)
+            continue
         if all(i < n and i not in seen for i in idx):
             parts.append((p, len(idx)))
             seen.update(idx)

@@ -75,7 +75,7 @@ class Generation:
         MP4 paths."""
         from vgen.io import frame_strip, save_gif, save_mp4, save_png
         indices = list(range(len(self.pixels))) if indices is None else list(indices)
-        folder = Path(folder)
+        folder = validate.outdir(folder, "folder")
         paths = []
         for i, x in zip(indices, self.pixels):
             if self.is_video:
@@ -109,13 +109,13 @@ class Pipeline:
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
-        device = validate.device(device)
-        return cls.from_card(Card.load(name_or_path), device, dtype)
+        device, dtype = validate.device(device), validate.dtype(dtype)
+        return cls.from_card(Card.load(validate.name_or_path(name_or_path)), device, dtype)
 
     @classmethod
     def from_card(cls, card: Card, device="cpu", dtype=None) -> Pipeline:
         """The pipeline a loaded card describes: its model and tokenizer files read."""
-        device = validate.device(device)
+        device, dtype = validate.device(device), validate.dtype(dtype)
         card.check_files()
         text = None
         if card.conditioning == "text":

@@ -24,6 +24,9 @@ def seed(value, count: int = 1) -> int:
         else:
             raise VGenError(f"seed must be a whole number in 0..{SEED_MAX}, got {value!r}")
     value = int(value)
+    if count - 1 > SEED_MAX:
+        raise VGenError(f"{count} samples are more than there are seeds (sample i uses seed + i, at most {SEED_MAX}): "
+                        "ask for fewer samples")
     if not 0 <= value <= SEED_MAX - max(count - 1, 0):
         raise VGenError(f"seed must be a whole number in 0..{SEED_MAX - max(count - 1, 0)} (sample i uses seed + i), "
                         f"got {value}")
@@ -53,6 +56,30 @@ def labels(value) -> torch.Tensor:
     if value.dim() > 1:
         raise VGenError(f"labels must be one class id per sample, got a tensor of shape {tuple(value.shape)}: {hint}")
     return value.reshape(-1).long()
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "float16": torch.float16,
+          "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def dtype(value) -> torch.dtype | None:
+    """A floating dtype: a torch dtype or its usual name (``float16``, ``fp16``, ``half``, ``bfloat16``, ``bf16``,
+    ``float32``, ``fp32``, with or without ``torch.``); None stays None (as stored)."""
+    if value is None or isinstance(value, torch.dtype) and value.is_floating_point:
+        return value
+    if isinstance(value, str) and value.strip().lower().removeprefix("torch.") in DTYPES:
+        return DTYPES[value.strip().lower().removeprefix("torch.")]
+    raise VGenError(f"dtype must be one of {', '.join(sorted(DTYPES))} (or a floating torch dtype), got {value!r}")
+
+
+def name_or_path(value, what: str = "model") -> str:
+    """A zoo name, a folder or a hub reference: a non-empty string or path."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise VGenError(f"{what} must be a zoo name (vgen.list_models()) or a folder holding pipeline.json, got "
+                        f"{value!r}")
+    return value
 
 
 def device(name) -> torch.device:
@@ -94,6 +121,9 @@ def _refusal(p: Path) -> str | None:
 def outdir(path, key: str = "outdir") -> Path:
     """A folder a run may write into: an existing folder, or one that can be created (its nearest existing
     ancestor is a writable folder). Nothing is created here."""
+    if path is None or not str(path).strip():
+        raise VGenError(f"{key} is empty: name the folder to write into, e.g. {key}=samples (use {key}=. for the "
+                        "current folder)")
     p = Path(os.path.expanduser(str(path)))
     if p.exists() and not p.is_dir():
         raise VGenError(f"{key}={path} is a file, not a folder: choose another {key}")

@@ -107,6 +107,12 @@ def plan(cfg) -> Plan:
     from vgen.pipeline import resolve_sampler
     opts_all = OmegaConf.to_container(cfg.options, resolve=True) if cfg.options else {}
     variants = [str(v) for v in cfg.samplers]
+    if not variants:
+        raise VGenError("samplers is empty: name at least one, e.g. samplers=[ar,sjd]")
+    if not list(cfg.models):
+        raise VGenError("models is empty: name at least one, e.g. model=photos-gpt")
+    if not list(cfg.batch_sizes) or any(int(b) < 1 for b in cfg.batch_sizes):
+        raise VGenError(f"batch_sizes must be a non-empty list of whole numbers >= 1, got {list(cfg.batch_sizes)}")
     if len(set(variants)) != len(variants):
         raise VGenError(f"samplers lists a setting twice: {variants}")
     if cfg.repeats < 1:

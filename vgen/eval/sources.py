@@ -43,6 +43,9 @@ def list_images(folder: Path, what: str = "samples") -> list[Path]:
 
 def load_images(source, what: str = "samples") -> tuple[torch.Tensor, str]:
     """-> (uint8 (N, 3, H, W) tensor, a key naming the data for caches)."""
+    if source is None:
+        raise VGenError(f"{what}: say which images: a folder of images, an .npz file, a uint8 tensor or a registered "
+                        f"reference ({', '.join(REFERENCES)})")
     if isinstance(source, str) and source in REFERENCES:
         a = REFERENCES[source]
         return _registered(source), f"{source}-n{a['n']}-s{a['seed']}-{a['size']}px"

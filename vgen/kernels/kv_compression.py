@@ -118,7 +118,9 @@ def load_calibration(path, patch_nums=None, n_layer: int | None = None) -> dict:
     if not p.exists():
         raise VGenError(f"ScaleKV calibration {p} not found: write one with `vgen scalekv calibrate model=<model> "
                         "budget=0.1 out=<file>`")
-    cal = json.loads(p.read_text())
+    from vgen.io import read_json
+    cal = read_json(p, "ScaleKV calibration", "write one with `vgen scalekv calibrate model=<model> budget=0.1 "
+                    "out=<file>`")
     if cal.get("format") != FORMAT:
         raise VGenError(f"{p} is not a vgen ScaleKV calibration (format {cal.get('format')!r}, expected {FORMAT!r})")
     if patch_nums is not None and list(cal["patch_nums"]) != list(patch_nums):

@@ -59,10 +59,13 @@ class Drafter(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    def check_target(self, target, where: str = "the drafter") -> None:
-        """One-line error unless ``target`` is the kind of model this drafter was trained for."""
+    def check_target(self, target, where: str = "the drafter", shapes_only: bool = False) -> None:
+        """One-line error unless ``target`` is the kind of model this drafter was trained for (``shapes_only``: its
+        tensors fit ``target``'s, as a starting point for training one: the grid and condition may differ)."""
         tc = target.config
-        for k in ("dim", "n_head", "vocab_size", "block_size", "cls_token_num"):
+        keys = ("dim", "n_head", "vocab_size") if shapes_only else ("dim", "n_head", "vocab_size", "block_size",
+                                                                    "cls_token_num")
+        for k in keys:
             if getattr(tc, k) != getattr(self.config, k):
                 raise VGenError(f"{where} was trained for a target with {k}={getattr(self.config, k)}, but this "
                                 f"model has {k}={getattr(tc, k)}: train one with `vgen train recipe=drafter "

@@ -380,9 +380,12 @@ def example_cond(model, k: int, device=None) -> torch.Tensor:
 
 
 def as_cond(labels, device=None) -> torch.Tensor:
-    if isinstance(labels, int):
-        labels = [labels]
-    t = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
+    """Class ids (an int, a list, an integer tensor) or a text model's caption features (a float tensor)."""
+    from vgen import validate
+    if isinstance(labels, torch.Tensor) and labels.is_floating_point():
+        t = labels
+    else:
+        t = validate.labels(labels)
     if t.dim() == 0:
         t = t[None]
     if not t.is_floating_point():
@@ -397,6 +400,9 @@ def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = F
     identical to running it alone with that seed. ``prefix`` (N, P): given first tokens to continue; ``draft``: the
     draft model of a sampler that needs one (``cspd``)."""
     from vgen import validate
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "order"):
+        raise VGenError(f"model must be a vgen model (vgen.models.load_official, or pipe.model), got "
+                        f"{type(model).__name__}")
     s = get_sampler(sampler, model=model, **options)
     dev = next(model.parameters()).device
     cond = as_cond(labels, dev)

@@ -47,6 +47,9 @@ class VAROptions(TokenOptions):
         if self.kv_compression == "scalekv" and not self.kv_calibration:
             raise VGenError("kv_compression=scalekv needs per-layer budgets: pass sampler.kv_calibration=<json> "
                             "(write one with `vgen scalekv calibrate model=...`; zoo models ship theirs)")
+        if self.kv_compression == "scalekv":
+            from vgen.kernels.kv_compression import load_calibration
+            load_calibration(self.kv_calibration)  # a missing or damaged file: one line, before any weights load
 
 
 def guidance_weight(cfg_scale: float, si: int, n_scales: int, schedule: str) -> float:

@@ -78,11 +78,31 @@ def recipe(config_cls: type):
 _ACCEPTED: ContextVar[Callable | None] = ContextVar("accepted", default=None)
 
 
+def check_config(cfg) -> None:
+    """The fields every recipe shares, checked before any work (one-line errors): counts in range, a finite
+    positive learning rate, a known precision and device, a run folder that can be written."""
+    import numbers
+    for key, low in (("steps", 0), ("batch_size", 1), ("warmup", 0), ("save_every", 1), ("threads", 0), ("seed", 0)):
+        v = getattr(cfg, key, None)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low):
+            raise VGenError(f"recipe.{key} must be a whole number >= {low}, got {v!r}")
+    for key in ("lr", "weight_decay"):
+        v = getattr(cfg, key, None)
+        if v is not None and (not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0
+                              or (key == "lr" and v == 0)):
+            raise VGenError(f"recipe.{key} must be a finite number {'> 0' if key == 'lr' else '>= 0'}, got {v!r}")
+    if getattr(cfg, "precision", "fp32") not in ("fp32", "bf16"):
+        raise VGenError(f"recipe.precision must be fp32 or bf16, got {cfg.precision!r}")
+    validate.device(cfg.device)
+    validate.outdir(cfg.out, "recipe.out")
+
+
 def run_recipe(cfg, accepted: Callable[[Path], None] | None = None) -> dict:
     """Run a recipe; ``accepted(run folder)`` is called once its inputs have been checked and the folder opened
     (the CLI records its Hydra config there: a refused run writes nothing)."""
     if type(cfg) not in _RECIPES:
         raise VGenError(f"unknown recipe {type(cfg).__name__}")
+    check_config(cfg)
     token = _ACCEPTED.set(accepted)
     try:
         return _RECIPES[type(cfg)](cfg)
@@ -91,10 +111,23 @@ def run_recipe(cfg, accepted: Callable[[Path], None] | None = None) -> dict:
 
 
 def require_file(path: str, what: str, recipe_name: str) -> None:
-    """An input a recipe needs from an earlier one (a tokenizer): a one-line error before any work."""
-    if not Path(path).exists():
+    """An input a recipe needs from an earlier one (a tokenizer): a one-line error before any work. A safetensors
+    file's header is read; any other file must at least be named like a checkpoint."""
+    p = Path(path)
+    if not p.is_file():
         raise VGenError(f"{what} {path} not found: train it first (vgen train recipe={recipe_name}) or point "
                         f"recipe.tokenizer at a {what} safetensors file")
+    if p.suffix == ".safetensors":
+        from safetensors import SafetensorError, safe_open
+        try:
+            with safe_open(str(p), "pt") as f:
+                f.keys()
+        except (SafetensorError, OSError, ValueError) as e:
+            raise VGenError(f"{what} {path} is not a readable safetensors file ({str(e).splitlines()[0]}): train it "
+                            f"again (vgen train recipe={recipe_name})") from None
+    elif p.suffix not in (".pt", ".pth", ".bin", ".ckpt"):
+        raise VGenError(f"{what} {path} is not a checkpoint (.safetensors, .pt, .pth, .bin): point at the file "
+                        f"vgen train recipe={recipe_name} writes")
 
 
 def start_run(cfg, needs: tuple[tuple[str, str, str], ...] = ()) -> tuple[RunDir, torch.device]:

@@ -267,7 +267,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
     start = None
     if cfg.init:
         start = load_drafter(cfg.init)
-        start.check_target(target, f"init={cfg.init}")
+        start.check_target(target, f"init={cfg.init}", shapes_only=True)  # e.g. photos-gpt's head for photos-t2i
         if start.arch != cfg.arch:
             raise VGenError(f"init={cfg.init} holds a {start.arch!r} head but arch={cfg.arch}: set arch={start.arch}")
     if cfg.codes:

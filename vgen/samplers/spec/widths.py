@@ -76,11 +76,18 @@ def width_table(file: str, ident: list):
     from vgen.io import cache_dir
     name = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = cache_dir() / file
-    try:
+    try:  # a cache never breaks a run: unreadable, foreign or damaged entries are ignored (and rewritten atomically)
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         table = {}
-    return path, table, name, {int(w): v for w, v in table.get(name, {}).items()}
+    if not isinstance(table, dict):
+        table = {}
+    entry = table.get(name)
+    try:
+        known = {int(w): float(v) for w, v in entry.items()} if isinstance(entry, dict) else {}
+    except (TypeError, ValueError):
+        known = {}
+    return path, table, name, known
 
 
 # A width must promise this much over a plain step before a job leaves AR's loop: the calibration is a few
