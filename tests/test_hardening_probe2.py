@@ -126,3 +126,49 @@ def test_resume_with_damaged_records(tiny_pipeline, tmp_path, capsys):
     assert code == 2 and "run record" in err and "run.json" in err and "not readable JSON" in err
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.is_file()} == before  # nothing rewritten
     assert not math.isnan(1.0)
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
+    """An interrupt during the imports (the first second or two) prints one line, exits 130, writes nothing."""
+    import shutil
+    import signal
+    import subprocess
+    import time
+    exe = shutil.which("vgen")
+    if exe is None:
+        pytest.skip("the vgen console script is not on PATH")
+    p = subprocess.Popen([exe, "sample", f"outdir={tmp_path / 'out'}"], cwd=tmp_path, stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, text=True)
+    time.sleep(0.4)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_is_one_line_naming_what_is_on_disk(tiny_pipeline, tmp_path, capsys, monkeypatch):
+    import errno
+
+    from vgen import pipeline
+    real = pipeline.Generation.save
+    calls = []
+
+    def save(self, folder, indices=None, fps=8):
+        calls.append(indices)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, folder, indices, fps)
+    monkeypatch.setattr(pipeline.Generation, "save", save)
+    out = tmp_path / "s"
+    code, err = cli(["sample", f"model.path={tiny_pipeline}", "num_samples=3", "batch_size=1", f"outdir={out}",
+                     "progress=false"], capsys)
+    assert code == 2 and f"no space left on the device of {out}: 1 of 3 samples are safely on disk" in err, err
+
+
+def test_a_broken_model_file_is_refused_before_anything_is_written(tiny_pipeline, tmp_path, capsys):
+    (tiny_pipeline / "gpt.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")  # truncated
+    out = tmp_path / "s"
+    code, err = cli(["sample", f"model.path={tiny_pipeline}", "num_samples=2", f"outdir={out}", "progress=false"],
+                    capsys)
+    assert code == 2 and "gpt.safetensors" in err, err
+    assert not out.exists()

@@ -1,4 +1,14 @@
 """vgen: fast sampling for visual autoregressive image generators."""
+import os as _os
+import signal as _signal
+import sys as _sys
+
+if _os.path.basename(_sys.argv[0] or "") == "vgen" and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
+    def _starting(signum, frame):  # Ctrl-C while the `vgen` command imports torch & co.: one line, not a traceback
+        _sys.stderr.write("\nvgen: interrupted while starting (nothing was written)\n")
+        _os._exit(130)
+    _signal.signal(_signal.SIGINT, _starting)  # vgen.cli.main puts the default back once it can catch the interrupt
+
 from vgen.errors import VGenError
 from vgen.cards import list_models
 from vgen.conditions import Labels, Prompts

@@ -16,10 +16,11 @@ COMMANDS = {
     "eval": "score samples: `vgen eval fid samples=<dir>` (FID/KID/IS -> metrics.json), "
             "`vgen eval fvd samples=<dir of clips>`, `vgen eval clip samples=<dir> prompts=<file>` (CLIP score), "
             "`vgen eval npz`, `vgen eval suite=adm samples=<dir> "
-            "reference=<name | dir | ADM .npz>` (FID, sFID, IS, Precision, Recall, KID)",
+            "reference=<name | dir | ADM .npz>` (FID, sFID, IS, Precision, Recall, KID), `vgen eval suite=t2i "
+            "samples=<dir>` (FID, CLIP score, prompt accuracy)",
     "demo": "start the Gradio app: samplers side by side (server_name, server_port, share)",
     "scalekv": "calibrate ScaleKV layer budgets: `vgen scalekv calibrate model=photos-var budget=0.1`",
-    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier|kl|car|car-draft|car-distill|mar|drafter), resumable",
+    "train": "run a zoo training recipe (recipe=vq|gpt|nar|photo|msvq|var|video-gpt|video-nar|video-classifier|kl|car|car-draft|car-distill|mar|drafter|t2i), resumable",
 }
 
 
@@ -179,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
 
     sys.argv = [f"vgen {command}"] + rest
+    import signal
+    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_starting":  # set while vgen was importing
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here an interrupt is caught below
     full = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors (instead of printing and exiting 1): caught here
     try:

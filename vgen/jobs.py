@@ -114,54 +114,63 @@ class SampleJob:
             run_key["prompt"] = {"file": str(self.prompt), "frames": self.prompt_frames,
                                  "sha1": hashlib.sha1(clip.numpy().tobytes()).hexdigest()}
         t_start = time.perf_counter()
-        with vd.process_group(self.device) as (rank, world, device), FolderLock(out):
-            todo = None
-            if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
-                try:
-                    todo = prepare_outdir(out, run_key, n, ext)
-                    if accepted is not None:
-                        accepted(out)
-                except VGenError as e:
-                    todo = e
-            todo = vd.broadcast(todo)
-            if isinstance(todo, VGenError):
-                raise VGenError(str(todo))
-            mine = todo[rank::world]
-            pipe = Pipeline.from_card(card, device=device)
-            shard = f" [rank {rank}/{world}]" if world > 1 else ""
-            bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="clip" if video else "img",
-                       disable=not self.progress)
-            for k in range(0, len(mine), self.batch_size):
-                idx = mine[k:k + self.batch_size]
-                c = conds.take(idx)
-                gen = pipe.generate(**c.record(), sampler=name, seeds=[self.seed + i for i in idx],
-                                    prompt=clip, prompt_frames=self.prompt_frames, **opts)
-                gen.save(out, idx)
-                atomic_write_json(out / ".parts" / f"{idx[0]:06d}-{len(idx)}-r{rank}.json",
-                                  {"indices": idx, **numeric(gen.stats)})
-                bar.update(len(idx))
-            bar.close()
-            vd.barrier()
-            summary = None
-            if rank == 0:
-                summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
-                           "generated_now": len(todo), "skipped": n - len(todo),
-                           "wall_seconds": time.perf_counter() - t_start}
-                if video:  # one row of frames per clip
-                    files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]
-                    save_png(out / "grid.png", make_grid(read_pngs(files), nrow=1, pad=0))
-                else:
-                    files = [out / f"{i:06d}.png" for i in range(min(n, GRID_MAX))]
-                    save_png(out / "grid.png", make_grid(read_pngs(files), nrow=self.grid_nrow))
-                atomic_write_json(out / "stats.json", summary)
-                extra = (f", {summary['accepted_per_step']:.2f} tokens per pass per sample"
-                         if "accepted_per_step" in summary else "")
-                resumed = f" ({n - len(todo)} already on disk)" if len(todo) < n else ""
-                procs = f" on {world} processes" if world > 1 else ""
-                what = "clips (.mp4, .gif, .strip.png)" if video else "images"
-                print(f"wrote {n} {what}{resumed}, grid.png and stats.json to {out}{procs} "
-                      f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes{extra})")
-            vd.barrier()
+        with vd.process_group(self.device) as (rank, world, device):
+            pipe = Pipeline.from_card(card, device=device)  # weights read and checked before anything is written
+            with FolderLock(out):
+                todo = None
+                if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
+                    try:
+                        todo = prepare_outdir(out, run_key, n, ext)
+                        if accepted is not None:
+                            accepted(out)
+                    except VGenError as e:
+                        todo = e
+                todo = vd.broadcast(todo)
+                if isinstance(todo, VGenError):
+                    raise VGenError(str(todo))
+                mine = todo[rank::world]
+                shard = f" [rank {rank}/{world}]" if world > 1 else ""
+                bar = tqdm(total=len(mine), desc=f"sample {name}{shard}", unit="clip" if video else "img",
+                           disable=not self.progress)
+                for k in range(0, len(mine), self.batch_size):
+                    idx = mine[k:k + self.batch_size]
+                    c = conds.take(idx)
+                    gen = pipe.generate(**c.record(), sampler=name, seeds=[self.seed + i for i in idx],
+                                        prompt=clip, prompt_frames=self.prompt_frames, **opts)
+                    try:
+                        gen.save(out, idx)
+                        atomic_write_json(out / ".parts" / f"{idx[0]:06d}-{len(idx)}-r{rank}.json",
+                                          {"indices": idx, **numeric(gen.stats)})
+                    except OSError as e:  # a full disk: the files written so far are whole (atomic writes)
+                        import errno
+                        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                            raise
+                        have = sum((out / f"{i:06d}{ext}").exists() for i in range(n))
+                        raise VGenError(f"no space left on the device of {out}: {have} of {n} samples are safely on "
+                                        "disk; free some space and run the same command again to resume") from None
+                    bar.update(len(idx))
+                bar.close()
+                vd.barrier()
+                summary = None
+                if rank == 0:
+                    summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
+                               "generated_now": len(todo), "skipped": n - len(todo),
+                               "wall_seconds": time.perf_counter() - t_start}
+                    if video:  # one row of frames per clip
+                        files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]
+                        save_png(out / "grid.png", make_grid(read_pngs(files), nrow=1, pad=0))
+                    else:
+                        files = [out / f"{i:06d}.png" for i in range(min(n, GRID_MAX))]
+                        save_png(out / "grid.png", make_grid(read_pngs(files), nrow=self.grid_nrow))
+                    atomic_write_json(out / "stats.json", summary)
+                    extra = (f", {summary['accepted_per_step']:.2f} tokens per pass per sample"
+                             if "accepted_per_step" in summary else "")
+                    resumed = f" ({n - len(todo)} already on disk)" if len(todo) < n else ""
+                    procs = f" on {world} processes" if world > 1 else ""
+                    what = "clips (.mp4, .gif, .strip.png)" if video else "images"
+                    print(f"wrote {n} {what}{resumed}, grid.png and stats.json to {out}{procs} "
+                          f"({summary['seconds']:.2f} s sampling, {summary['forward_passes']} forward passes{extra})")
+                vd.barrier()
         return summary
 
 
