@@ -167,7 +167,8 @@ def test_gradio_client_race_endpoint(server):
     client = Client(server, verbose=False)
     given = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 4, "init": "vertical"}
     values = [given.get(name) for name in option_fields()]  # the widgets, in the app's order; blank = card's
-    images, maps, table = client.predict("photos-gpt", "", "1: brick", 2, ["ar", "gsd"], *values, api_name="/race")
+    images, maps, table = client.predict("photos-gpt", "", "1: brick", "", 2, ["ar", "gsd"], *values,
+                                         api_name="/race")  # model, folder, class, prompt (text models), seed
     assert len(images) == 2 and len(maps) == 2
     rows = table["data"]
     assert [r[0] for r in rows] == ["ar", "gsd"] and rows[0][3] == 1.0
@@ -275,3 +276,25 @@ def test_race_on_a_next_neighbour_model_runs_nar_with_its_heatmap(tiny_nar_pipel
     assert res[0]["step_map"].view(4, 4).tolist() == [[r + c for c in range(4)] for r in range(4)]
     with pytest.raises(VGenError, match="next-neighbour model: use one of nar"):
         d.race(LOCAL, str(tiny_nar_pipeline), 1, 0, ["sjd"], {})
+
+
+def test_option_boxes_blank_stay_blank_and_only_fitting_options_are_sent():
+    """Blank option boxes send nothing (they no longer turn into 0), numbers are parsed with a one-line error, and
+    an option none of the chosen samplers takes is left out (the race would refuse it)."""
+    from vgen.cards import Card
+    from vgen.demo import option_fields, parse_options
+    fields = option_fields()
+    card = Card.load("photos-gpt")
+    values = {"window": "4", "top_k": "", "clip_x0": "0", "temperature": " "}
+    opts = parse_options(fields, [values.get(k) for k in fields], ["sjd"], card)
+    assert opts == {"window": 4}  # clip_x0 means nothing to ar / sjd: not sent; blanks not sent
+    with pytest.raises(VGenError, match="top_k takes a whole number"):
+        parse_options(fields, [{"top_k": "many"}.get(k) for k in fields], ["sjd"], card)
+
+
+def test_images_are_shown_at_a_whole_scale_without_blur():
+    from vgen.demo import shown
+    x = torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8)
+    a = shown(x, "/tmp", "x")
+    assert a.shape == (256, 256, 3) and (a[::4, ::4] == x.permute(1, 2, 0).numpy()).all()
+    assert (a[1::4, 2::4] == x.permute(1, 2, 0).numpy()).all()  # each pixel a 4x4 square

@@ -166,3 +166,20 @@ def test_slurm_launcher_config_composes():
         cfg = compose("sample", overrides=["hydra/launcher=vgen_slurm"], return_hydra_config=True)
     launcher = cfg.hydra.launcher
     assert "SlurmLauncher" in launcher._target_ and launcher.gpus_per_node >= 1
+
+
+@pytest.mark.slow
+def test_torchrun_prompt_file_job_writes_the_bytes_of_one_process(tiny_t2i_pipeline, tmp_path):
+    """A text model's prompt-file job sharded over two processes: the bytes and the recorded prompts of one."""
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps({"caption": c}) + "\n" for c in ["a photo of the moon", "cat", "a dark cat"]))
+    args = ["sample", f"model.path={tiny_t2i_pipeline}", f"prompt_file={f}", "num_samples=5", "progress=false"]
+    r1 = vgen([*args, "batch_size=3", f"outdir={tmp_path / 'one'}"], tmp_path)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = subprocess.run(torchrun_cmd([*args, "batch_size=1", f"outdir={tmp_path / 'two'}"]), cwd=tmp_path,
+                        capture_output=True, text=True, env=ENV, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert pngs(tmp_path / "two") == pngs(tmp_path / "one") and len(pngs(tmp_path / "one")) == 5
+    st = json.loads((tmp_path / "two" / "stats.json").read_text())
+    assert st["processes"] == 2 and st["prompts"] == ["a photo of the moon", "cat", "a dark cat", "a photo of the moon",
+                                                     "cat"]

@@ -201,9 +201,35 @@ def option_widget(f: dataclasses.Field):
         return gr.Dropdown(list(choices), value=None, label=label)
     if t == "bool":
         return gr.Dropdown([True, False], value=None, label=label)
-    if t in ("int", "float"):
-        return gr.Number(None, label=label, precision=0 if t == "int" else None)
+    if t in ("int", "float"):  # a text box: blank stays blank (a Number field turns blank into 0 once shown)
+        return gr.Textbox(None, label=label, placeholder="blank: the model card's value")
     return gr.Textbox(None, label=label)
+
+
+def parse_options(fields: dict[str, dataclasses.Field], values, samplers: list[str], card) -> dict:
+    """The option widgets' values -> the options to send: blank ones left out, numbers parsed (a one-line error
+    naming the field), and only the options one of ``samplers`` (or the baseline) takes."""
+    from vgen.samplers import plain_sampler, sampler_class
+    takes = set().union(*(sampler_class(x, card).Options.names() for x in [plain_sampler(card), *samplers]))
+    out = {}
+    for (k, f), v in zip(fields.items(), values):
+        if v is None or (isinstance(v, str) and not v.strip()) or k not in takes:
+            continue
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        if isinstance(v, str) and ("int" in t or "float" in t):  # "int | str": a number or a word (window=auto)
+            v = v.strip()
+            try:
+                v = int(v) if "int" in t and v.lstrip("+-").isdigit() else float(v) if "float" in t else v
+            except ValueError:
+                raise VGenError(f"{k} takes {'a whole number' if 'int' in t else 'a number'}, got {v!r}") from None
+            if t == "int" and isinstance(v, str):
+                raise VGenError(f"{k} takes a whole number, got {v!r}")
+        out[k] = v
+    return out
+
+
+DEMO_WINDOW = 4  # speculative samplers' width in the demo unless the options say otherwise: window=auto times every
+                 # width on first use (minutes on a CPU); set window=auto in the options to calibrate
 
 
 def step_heatmap(step_map: torch.Tensor, grid: tuple[int, ...], size: int = 192) -> np.ndarray:
@@ -220,10 +246,12 @@ def step_heatmap(step_map: torch.Tensor, grid: tuple[int, ...], size: int = 192)
     return np.ascontiguousarray(rgb.repeat(rep, 0).repeat(rep, 1))
 
 
-def shown(pixels: torch.Tensor, folder: str, name: str):
-    """What the gallery shows: an image as an HxWx3 array; a clip as a looping GIF file (upscaled 4x)."""
+def shown(pixels: torch.Tensor, folder: str, name: str, size: int = 256):
+    """What the gallery shows: an image as an HxWx3 array upscaled by a whole factor to at least ``size`` pixels
+    (nearest neighbour: every pixel a sharp square, no blur); a clip as a looping GIF file (upscaled 4x)."""
     if pixels.dim() == 3:
-        return pixels.permute(1, 2, 0).numpy()
+        rep = max(1, -(-size // max(pixels.shape[-2:])))
+        return pixels.repeat_interleave(rep, -1).repeat_interleave(rep, -2).permute(1, 2, 0).contiguous().numpy()
     from vgen.io import save_gif
     path = Path(folder) / f"{name}.gif"
     save_gif(path, pixels.repeat_interleave(4, -1).repeat_interleave(4, -2))
@@ -277,16 +305,22 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     fields = option_fields()
 
     def on_generate(model, folder, cls, prompt, seed, chosen, *values, progress=gr.Progress()):
-        opts = {k: (int(v) if fields[k].type in ("int", int) and v is not None else v)
-                for k, v in zip(fields, values) if v not in (None, "")}
         try:
+            card = Card.load(demo.resolve_model(model, folder))
+            opts = parse_options(fields, values, list(chosen or []), card)
+            from vgen.samplers import sampler_class
+            if "window" not in opts and any("window" in sampler_class(x, card).Options.names() for x in chosen or []):
+                opts["window"] = DEMO_WINDOW  # fast first Generate: no calibration run (window=auto calibrates)
             results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress, prompt=prompt)
         except VGenError as e:
             raise gr.Error(str(e), print_exception=False) from None
         base = results[0]["sampler"]
         out = tempfile.mkdtemp(prefix="vgen-demo-")
         images = [(shown(r["image"], out, f"{k}"), f"{r['sampler']}: {r['seconds']:.2f} s, "
-                   f"{r['forward_passes']} passes, {r['speedup']:.2f}x {base}") for k, r in enumerate(results)]
+                   f"{r['forward_passes']} passes" + (f", {r['speedup']:.2f}x {base}" if k else
+                                                       " (the baseline" + (": choose another sampler to race it)"
+                                                                           if len(results) == 1 else ")")))
+                  for k, r in enumerate(results)]
         maps = [(step_heatmap(r["step_map"], r["grid"]), f"{r['sampler']}: {r['forward_passes']} passes")
                 for r in results if r["step_map"] is not None]
         table = [[r["sampler"], round(r["seconds"], 3), r["forward_passes"], round(r["speedup"], 2),
@@ -307,7 +341,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                                   label="class", visible=not text)
                 prompt = gr.Textbox(start_card.examples[0] if text and start_card.examples else None, label="prompt",
                                     visible=text, placeholder="a photo of the moon")
-                seed = gr.Number(0, label="seed", precision=0, minimum=0)
+                seed = gr.Number(0, label="seed (a whole number >= 0)", precision=0)
                 chosen = gr.CheckboxGroup(default_fits, value=ticked(card_of(start), default_fits),
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
                 with gr.Accordion("options (blank: the model card's value)", open=False):
