@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from guards import cli_refusal
 from vgen.errors import VGenError
 from vgen.pipeline import load_pipeline
 
@@ -216,22 +217,13 @@ def test_released_layout_names_every_missing_file_and_its_source(tmp_path, conf_
         load_pipeline(str(folder))
 
 
-def _cli(args, capsys):
-    from vgen.cli import main
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return e.value.code, err
-
-
 @pytest.mark.parametrize("args,msg", [
     (['prompts=["a photo of the moon"]'], "class-conditional model and reads no text"),
     (["prompt_file=nope.txt"], "nope.txt"),
 ])
 def test_cli_refuses_prompts_for_a_class_model(args, msg, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, err = _cli(["sample", *args, f"outdir={tmp_path / 'out'}", "progress=false"], capsys)
+    code, err = cli_refusal(["sample", *args, f"outdir={tmp_path / 'out'}", "progress=false"], capsys)
     assert code == 2 and msg in err, err
     assert list(tmp_path.iterdir()) == []
 
@@ -252,7 +244,7 @@ def test_cli_refuses_bad_conditions_for_a_text_model(tiny_t2i_pipeline, args, ms
     (work / "p.csv").write_text("title\na photo of the moon\n")
     (work / "b.txt").write_text("a photo of the moon\n\ncat\n")
     before = sorted(p.name for p in work.iterdir())
-    code, err = _cli(["sample", f"model.path={tiny_t2i_pipeline}", *args, f"outdir={work / 'out'}", "progress=false"],
+    code, err = cli_refusal(["sample", f"model.path={tiny_t2i_pipeline}", *args, f"outdir={work / 'out'}", "progress=false"],
                      capsys)
     assert code == 2 and msg in err, err
     assert sorted(p.name for p in work.iterdir()) == before  # nothing written
