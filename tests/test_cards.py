@@ -24,9 +24,12 @@ def test_every_zoo_card_loads(name):
     card = Card.load(name)
     raw = card.data
     assert card.name == raw["name"] == name and card.folder.name == name
-    assert card.order == Order(raw["generation"]) and card.num_classes == raw["num_classes"]
+    assert card.order == Order(raw["generation"]) and card.num_classes == raw.get("num_classes", 0)
     assert card.model_path.is_file() and card.tokenizer_path.is_file()
-    assert card.class_names == tuple(raw["class_names"]) and card.sampling == raw["sampling"]
+    assert card.class_names == tuple(raw.get("class_names", ())) and card.sampling == raw["sampling"]
+    if raw.get("conditioning") == "text":  # a text model: its encoder folder and example prompts
+        assert card.conditioning == "text" and card.spec.conditioning == "text"
+        assert (card.folder / raw["text_encoder"] / "config.json").is_file() and len(card.examples) >= 1
     assert card.token_shape == tuple(raw["token_shape"])
     if raw.get("token_kind") == "latents":
         assert card.token_type == TokenType.latents(raw["latent_channels"])

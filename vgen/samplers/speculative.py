@@ -53,13 +53,6 @@ class SpeculativeOptions(SamplingOptions):
                             f"draft), got {self.window!r}")
         if self.max_window < 2:
             raise VGenError(f"max_window must be >= 2, got {self.max_window}")
-        shape = getattr(spec, "token_shape", None)
-        if shape and isinstance(self.window, int):
-            import math
-            L = math.prod(shape)
-            if self.window > L:
-                raise VGenError(f"window={self.window} is wider than a whole sample ({L} tokens): use at most {L}, "
-                                "or window=auto")
 
 
 @dataclass

@@ -84,7 +84,7 @@ def width_table(file: str, ident: list):
         table = {}
     entry = table.get(name)
     try:
-        known = {int(w): float(v) for w, v in entry.items()} if isinstance(entry, dict) else {}
+        known = {int(w): v for w, v in entry.items()} if isinstance(entry, dict) else {}
     except (TypeError, ValueError):
         known = {}
     return path, table, name, known
