@@ -265,22 +265,8 @@ def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[
     for tmp in list(out.glob(".*.tmp")) + list((out / ".parts").glob(".*.tmp")):
         if not tmp.name.startswith(f".{FolderLock.NAME}."):  # another job's lock being written (to be refused)
             tmp.unlink(missing_ok=True)  # left by a killed writer of this folder (the lock says no one else writes)
-    return [i for i in range(n) if not complete(out / f"{i:06d}{ext}")]
+    return [i for i in range(n) if not (out / f"{i:06d}{ext}").exists()]
 
-
-def complete(path: Path) -> bool:
-    """Whether a sample file is there whole. vgen writes atomically, so a short file was cut by something else (a
-    copy, a full disk elsewhere): a PNG must end with its IEND chunk, or the sample is drawn again."""
-    if not path.is_file():
-        return False
-    if path.suffix != ".png":
-        return True
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, path.stat().st_size - 12))
-            return b"IEND" in f.read()
-    except OSError:
-        return False
 
 
 def merged_parts(out: Path, n: int) -> dict:
