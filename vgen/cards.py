@@ -241,12 +241,11 @@ class Card:
         card's ``sources``), before any weights load."""
         if self.folder is None:
             return
-        want = [self.model_file, self.tokenizer_file] + ([self.text_encoder] if self.text_encoder else [])
-        missing = [w for w in want if w and not (self.folder / w).exists() and not (w == self.text_encoder
-                                                                                    and Path(self.text_encoder_path).exists())]
-        if self.text_encoder and self.text_encoder in missing and "/" in self.text_encoder \
-                and not Path(self.text_encoder).expanduser().is_absolute():
-            missing.remove(self.text_encoder)  # a hub id: the text encoder loader looks in the local cache
+        missing = [w for w in (self.model_file, self.tokenizer_file) if w and not (self.folder / w).exists()]
+        te = self.text_encoder
+        hub_id = te.count("/") == 1 and not Path(te).expanduser().is_absolute()  # looked up in the local hub cache
+        if te and not hub_id and not Path(self.text_encoder_path).exists():
+            missing.append(te)
         if missing:
             said = [f"{m} ({self.sources[m]})" if m in self.sources else m for m in missing]
             raise VGenError(f"{self.folder} lacks {', '.join(said)}: put the file(s) there, or correct pipeline.json")

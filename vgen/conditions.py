@@ -10,7 +10,6 @@ examples a model offers for calibration, benchmarks and the demo (:func:`example
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 from vgen import validate
@@ -111,9 +110,7 @@ def condition(spec, labels_=None, prompts_=None, *, default_all_classes: bool = 
         if not default_all_classes:
             raise VGenError("no labels given: pass at least one class id")
         return Labels(tuple(range(spec.num_classes)))
-    if isinstance(labels_, numbers.Integral) and not isinstance(labels_, bool):
-        labels_ = [labels_]
-    return labels(list(labels_) if isinstance(labels_, tuple) else labels_, spec.num_classes)
+    return labels(labels_, spec.num_classes)
 
 
 def examples(card, n: int) -> Condition:

@@ -146,9 +146,6 @@ class Pipeline:
         s.validate(self.model)
         return s
 
-    def check_labels(self, labels) -> torch.Tensor:
-        return self.encode(self.card.condition(labels=labels))
-
     def condition(self, labels=None, prompts=None):
         """``labels`` or ``prompts`` checked against the card (:mod:`vgen.conditions`)."""
         return self.card.condition(labels, prompts)

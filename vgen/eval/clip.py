@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -228,8 +229,9 @@ def check_prompts(prompts) -> list[str]:
     return list(prompts)
 
 
-def clip_score(images, prompts, model: str = DEFAULT_MODEL, weights: str | os.PathLike | None = None,
-               batch_size: int = 64, device="cpu", progress: bool = False) -> dict:
+def clip_score(images: torch.Tensor | str | os.PathLike, prompts: Sequence[str], model: str = DEFAULT_MODEL,
+               weights: str | os.PathLike | None = None, batch_size: int = 64,
+               device: str | torch.device = "cpu", progress: bool = False) -> dict:
     """CLIP score of ``images`` against ``prompts`` (image i with prompt i): torchmetrics' ``CLIPScore``,
     ``100 * max(cos(image embedding, text embedding), 0)`` per pair, averaged.
 
