@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from guards import needs_zoo
+
 from vgen.data import CLASS_NAMES, photos
 from vgen.data.captions import (ALWAYS_TREATED, HELDOUT_COMBOS, HELDOUT_TEMPLATES, SUBJECT_PHRASES, TEMPLATES,
                                 CropFacts, apply_treatment, caption, caption_corpus, captioned_photos, crop_facts,
@@ -135,17 +137,37 @@ def test_treatment_draws_follow_the_mix_and_skip_heldout_combos():
 
 # --------------------------------------------------------------------------------------------- reading back pixels
 
-def test_treatments_read_back_from_pixels_on_test_crops():
-    d = captioned_photos("test", 960, seed=0)
+@pytest.mark.parametrize("split,seed,colour_min,light_min", [
+    ("train", 5, 0.94, 0.97),  # unseen crops of the training region: the generator's domain
+    ("test", 0, 0.80, 0.88),   # the test region has natural crops grey enough to read as black and white
+])
+def test_treatments_read_back_from_pixels(split, seed, colour_min, light_min):
+    d = captioned_photos(split, 960, seed=seed)
     colour = np.array(measure_colour(d.images)) == np.array([f.colour for f in d.facts])
     light = np.array(measure_brightness(d.images)) == np.array([f.brightness for f in d.facts])
-    print(f"\nrecovered on {len(d.facts)} test crops: colour {colour.mean():.3f}, brightness {light.mean():.3f}")
-    assert colour.mean() >= 0.90 and light.mean() >= 0.85
+    print(f"\nrecovered on {len(d.facts)} {split} crops: colour {colour.mean():.3f}, brightness {light.mean():.3f}")
+    assert colour.mean() >= colour_min and light.mean() >= light_min
     # every treatment itself is recovered almost always: the misses are untreated crops that look treated
     for attr, hits in (("colour", colour), ("brightness", light)):
         values = np.array([getattr(f, attr) for f in d.facts])
         for v in set(values) - {"natural", "normal"}:
             assert hits[values == v].mean() >= 0.97, (attr, v)
+
+
+@needs_zoo("photos-t2i")
+def test_treatments_read_back_through_the_zoo_tokenizer():
+    """The judge reads the treatments back from round trips through photos-t2i's tokenizer (what a perfect
+    generator over its codes would draw) about as well as from the crops themselves."""
+    import vgen
+    from vgen.data import to_model_range, to_uint8
+    d = captioned_photos("train", 480, seed=5)
+    tok = vgen.load_pipeline("photos-t2i").tokenizer
+    with torch.inference_mode():
+        rt = torch.cat([to_uint8(tok.decode(tok.encode(to_model_range(d.images[i:i + 160])))) for i in (0, 160, 320)])
+    colour = np.array(measure_colour(rt)) == np.array([f.colour for f in d.facts])
+    light = np.array(measure_brightness(rt)) == np.array([f.brightness for f in d.facts])
+    print(f"\nrecovered from 480 round trips: colour {colour.mean():.3f}, brightness {light.mean():.3f}")
+    assert colour.mean() >= 0.92 and light.mean() >= 0.95
 
 
 # -------------------------------------------------------------------------------------------------------- captions

@@ -10,7 +10,7 @@ VGEN = Path(__file__).resolve().parents[1] / "vgen"
 # module's layer). docs/architecture.md explains each layer.
 LAYERS = [
     ("vgen.errors", "vgen.version"),
-    ("vgen.io", "vgen.stats", "vgen.validate", "vgen.hub", "vgen.distributed", "vgen.data"),
+    ("vgen.io", "vgen.stats", "vgen.validate", "vgen.hub", "vgen.distributed", "vgen.data", "vgen.threads"),
     ("vgen.kernels",),
     ("vgen.interfaces", "vgen.conditions", "vgen.cards"),
     ("vgen.models.loading",),

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+from vgen.errors import VGenError
 from vgen.models import load_official
 from vgen.train.gpt import GPTTrainConfig, train_gpt
 from vgen.train.vq import VQTrainConfig, train_vq
@@ -210,3 +211,48 @@ def test_recipes_train_on_cuda_and_checkpoint_for_the_cpu(tmp_path):
                                   device="cuda", model=dict(dim=32, n_layer=1, n_head=2, vocab_size=32,
                                                             num_classes=16, block_size=256, cls_token_num=1)))
     assert gm["steps"] == 2 and gm["test_loss"] > 0
+
+
+def test_vq_recipe_fine_tunes_on_captioned_crops(tmp_path):
+    """recipe.data=captioned trains on photos-t2i's treated crops and reports how often a round trip keeps each
+    treatment; recipe.init starts from a trained VQ (its architecture, not recipe.model)."""
+    base = VQTrainConfig(out=str(tmp_path / "base"), steps=1, batch_size=2, save_every=1, eval_n=8, model=TINY_VQ)
+    train_vq(base)
+    cfg = VQTrainConfig(out=str(tmp_path / "ft"), steps=2, batch_size=2, save_every=1, eval_n=16, data="captioned",
+                        init=str(tmp_path / "base" / "vq.safetensors"), model={"codebook_size": 999})
+    m = train_vq(cfg)
+    assert 0 <= m["colour_kept"] <= 1 and 0 <= m["brightness_kept"] <= 1
+    assert set(m["colour_kept_by_value"]) <= {"natural", "black and white", "warm", "cool"}
+    assert load_official("vq", tmp_path / "ft" / "vq.safetensors").config.codebook_size == 32  # the init's
+    with pytest.raises(VGenError, match="recipe.data must be photos or captioned"):
+        train_vq(VQTrainConfig(out=str(tmp_path / "bad"), data="coco"))
+    with pytest.raises(VGenError, match="not found"):
+        train_vq(VQTrainConfig(out=str(tmp_path / "bad2"), init=str(tmp_path / "missing.safetensors")))
+
+
+def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
+    """recipe=t2i at toy size: caption tokenizer, codes, GPT + T5 end to end, the pipeline folder (loads and
+    samples from prompts); recipe.init_pipeline continues from that folder (every GPT tensor, its encoder and
+    caption tokenizer) instead of starting the caption path afresh."""
+    import vgen
+    from vgen.train.t2i import T2ITrainConfig, train_t2i
+    train_vq(VQTrainConfig(out=str(tmp_path / "vq"), steps=1, batch_size=2, save_every=1, eval_n=8, model=TINY_VQ))
+    tiny = dict(out=str(tmp_path / "t2i"), tokenizer=str(tmp_path / "vq" / "vq.safetensors"), init_gpt="", steps=2,
+                batch_size=2, n_train=8, n_test=4, save_every=1, caption_tokens=8,
+                text=dict(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2),
+                model=dict(dim=32, n_layer=1, n_head=2, vocab_size=32, block_size=256, class_dropout_prob=0.1),
+                sampling=dict(cfg_scale=3.0, top_k=8))
+    m = train_t2i(T2ITrainConfig(**tiny))
+    folder = tmp_path / "t2i" / "pipeline"
+    assert m["steps"] == 2 and m["init_tensors_copied"] == 0
+    pipe = vgen.load_pipeline(str(folder))
+    assert pipe.card.conditioning == "text"
+    g = pipe.generate(prompts=["a photo of the cat"], seed=0)
+    assert g.images.shape == (1, 3, 64, 64)
+
+    cont = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "more"), "init_pipeline": str(folder)}))
+    gpt_keys = len(load_official("gpt", folder / "gpt.safetensors").state_dict())
+    assert cont["init_tensors_copied"] == gpt_keys
+    assert (tmp_path / "more" / "text" / "tokenizer.json").read_text() == (folder / "text" / "tokenizer.json").read_text()
+    with pytest.raises(VGenError, match="not found"):
+        train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad"), "init_pipeline": str(tmp_path / "none")}))

@@ -3,6 +3,9 @@ import os as _os
 import signal as _signal
 import sys as _sys
 
+_COMMAND = _os.path.basename(_sys.argv[0] or "") == "vgen" or _sys.argv[0] == "-m"  # the `vgen` command, python -m vgen
+if _COMMAND and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(_os.environ):
+    _os.environ["GOMP_SPINCOUNT"] = "1000"  # idle OpenMP threads spin briefly, then sleep (vgen.threads)
 if _os.path.basename(_sys.argv[0] or "") == "vgen" and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:
     def _starting(signum, frame):  # Ctrl-C while the `vgen` command imports torch & co.: one line, not a traceback
         _sys.stderr.write("\nvgen: interrupted while starting (nothing was written)\n")

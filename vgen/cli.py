@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     @hydra.main(config_path="pkg://vgen.configs", config_name=command, version_base="1.3")
     def _app(cfg: DictConfig):
         try:
+            from vgen.threads import set_threads
+            set_threads(cfg.get("threads"))  # this process's share of the cores unless threads= says otherwise
             return task(cfg)
         except VGenError as e:
             print(f"vgen {command}: error: {e}", file=sys.stderr)

@@ -42,9 +42,11 @@ def ticked(card: Card | None, fits: list[str]) -> list[str]:
 class Demo:
     """The handlers, independent of Gradio (tests call them directly). Pipelines are cached per model."""
 
-    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu"):
+    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu", dtype=None):
+        from vgen import validate
         self.allowed = [Path(d).expanduser().resolve() for d in (allowed_dirs or [])]
         self.device = device
+        self.dtype = validate.dtype(dtype)
         self._pipes: dict[str, object] = {}
 
     # ------------------------------------------------------------------ validation
@@ -68,7 +70,7 @@ class Demo:
     def pipeline(self, name: str):
         from vgen.pipeline import Pipeline
         if name not in self._pipes:
-            self._pipes[name] = Pipeline.from_pretrained(name, device=self.device)
+            self._pipes[name] = Pipeline.from_pretrained(name, device=self.device, dtype=self.dtype)
         return self._pipes[name]
 
     def class_names(self, name: str) -> list[str]:
@@ -375,7 +377,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
 
 
 def launch(cfg) -> None:
-    demo = Demo(allowed_dirs=list(cfg.allowed_dirs or []), device=cfg.device)
+    demo = Demo(allowed_dirs=list(cfg.allowed_dirs or []), device=cfg.device, dtype=cfg.get("dtype"))
     app = build_app(demo, cfg.model.name, cfg.model.path)
     print(f"vgen demo on http://{cfg.server_name}:{cfg.server_port} (Ctrl-C to stop)")
     # No allowed_paths: the app serves only what it generates (Gradio's cache), never the pipeline folders.

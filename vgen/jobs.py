@@ -39,6 +39,7 @@ class SampleJob:
     batch_size: int = 8
     outdir: str = "samples"
     device: str = "cpu"
+    dtype: str | None = None         # the model's weights and KV cache (float32 | bfloat16 | float16); None: the card's
     grid_nrow: int = 8
     progress: bool = True
     prompt: str | None = None        # video models: a clip file (MP4 / GIF) whose first frames every sample continues
@@ -81,6 +82,7 @@ class SampleJob:
             raise VGenError(f"batch_size must be >= 1, got {self.batch_size}")
         validate.seed(self.seed, self.num_samples)
         validate.device(self.device)
+        validate.dtype(self.dtype)
         validate.outdir(self.outdir)
         if self.labels is not None and not list(self.labels):
             raise VGenError("labels is empty: give class ids, e.g. labels=[0,3], or labels=null for every class")
@@ -93,6 +95,7 @@ class SampleJob:
         """Draw the missing samples into ``out`` (default ``outdir``); rank 0 returns the merged stats.
         ``accepted(out)`` runs on rank 0 once the folder is locked and holds this run (or nothing), before any
         sample is drawn: where the CLI records the config (a refused run writes nothing)."""
+        import torch
         from tqdm.auto import tqdm
 
         from vgen import distributed as vd
@@ -106,6 +109,8 @@ class SampleJob:
         n = len(conds)
         run_key = {"model": self.model, "sampler": name, "options": opts, "seed": self.seed,
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
+        if self.dtype is not None:  # another precision draws other samples (None: the card's, as before)
+            run_key["dtype"] = str(validate.dtype(self.dtype)).removeprefix("torch.")
         if conds.kind == "text":  # the prompts define the samples (a prompt file's text, not only its name)
             run_key["prompts"] = self.given_prompts()
         clip = self.prompt_clip(card)
@@ -115,7 +120,7 @@ class SampleJob:
                                  "sha1": hashlib.sha1(clip.numpy().tobytes()).hexdigest()}
         t_start = time.perf_counter()
         with vd.process_group(self.device) as (rank, world, device):
-            pipe = Pipeline.from_card(card, device=device)  # weights read and checked before anything is written
+            pipe = Pipeline.from_card(card, device=device, dtype=self.dtype)  # weights read and checked before anything is written
             with FolderLock(out):
                 todo = None
                 if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
@@ -154,7 +159,7 @@ class SampleJob:
                 summary = None
                 if rank == 0:
                     summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
-                               "generated_now": len(todo), "skipped": n - len(todo),
+                               "threads": torch.get_num_threads(), "generated_now": len(todo), "skipped": n - len(todo),
                                "wall_seconds": time.perf_counter() - t_start}
                     if video:  # one row of frames per clip
                         files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]

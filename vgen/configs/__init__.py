@@ -89,6 +89,8 @@ class SampleSchema:
     batch_size: int = 8
     outdir: str = "samples"
     device: str = "cpu"
+    dtype: Optional[str] = None  # the model's weights and KV cache: float32 | bfloat16 | float16; null: the card's
+    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores (vgen.threads)
     grid_nrow: int = 8
     progress: bool = True
     prompt: Optional[str] = None  # video models: a clip (MP4 / GIF) whose first prompt_frames frames are continued
@@ -111,6 +113,8 @@ class BenchSchema:
     compile: bool = True
     outdir: str = "bench"
     device: str = "cpu"
+    dtype: Optional[str] = None  # every model's weights and KV cache (float32 | bfloat16 | float16); null: the card's
+    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
     options: dict = field(default_factory=dict)
     fid_samples: int = 0  # FID-photo of this many samples per setting (0: off)
     fidelity_reference: Optional[str] = None  # a sampler setting (e.g. "var": the full KV cache) to compare to
@@ -144,6 +148,7 @@ class EvalSchema:
     batch_size: Optional[int] = None  # null: 64 (fid, clip), 16 (fvd)
     out: Optional[str] = None
     device: str = "cpu"
+    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
     progress: bool = True
 
 
@@ -155,6 +160,8 @@ class DemoSchema:
     model: Any = None  # the model group: a zoo name (model=photos-var) or model.path=<folder>
     allowed_dirs: list[str] = field(default_factory=list)
     device: str = "cpu"
+    dtype: Optional[str] = None  # the models' weights and KV cache (float32 | bfloat16 | float16); null: the card's
+    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
 
 
 @dataclass

@@ -73,14 +73,19 @@ LUMA = (0.299, 0.587, 0.114)
 # channel to at least 153, so the 99th percentile of the brightest channel and the 1st percentile of the darkest
 # channel tell them from naturally dark or light crops; after undoing the measured brightness, black and white
 # has equal channels, and warm puts red above and blue below 127.5 at every pixel (cool the reverse), which
-# natural crops almost never do. Chosen on 2,000 training crops (captioned_photos("train", 2000, seed=0)): each
-# threshold sits about 8 grey levels inside its treatment's bound, so that generated images that come close
-# still count, where recovery on those crops stays within 0.5% of the best any threshold gets (brightness 99.35%,
-# best 99.5%; colour 99.65%, best 99.8%). tests/test_captions.py checks the rates on test-split crops.
-DARK_MAX = 110.0      # 99th percentile of max(R, G, B) at or below: dark
-BRIGHT_MIN = 145.0    # 1st percentile of min(R, G, B) at or above: bright
-BW_CHROMA = 2.0       # mean of max(R, G, B) - min(R, G, B) below (after undoing the brightness): black and white
-TINT_EDGE = 120.0     # 2nd percentile of red >= this and 98th percentile of blue <= 255 - this: warm (cool: swapped)
+# natural crops almost never do. The thresholds judge generated images, which pass through a 64-pixel tokenizer:
+# its round trip blurs the bounds (a black-and-white crop comes back with a mean chroma around 8-12, a tinted one
+# with a few pixels across the 127.5 line). They were chosen on 2,000 training crops (captioned_photos("train",
+# 2000, seed=0)) to maximise the lower of two recoveries: of the crops themselves and of their round trips through
+# photos-t2i's tokenizer (docs/scripts/calibrate_treatment_judge.py). On 960 unseen crops of the training region
+# (the generator's domain): colour 0.961 / brightness 0.989 from the crops, 0.951 / 0.978 from the round trips;
+# the pixel-exact thresholds used before (2 / 120 / 110 / 145) read the crops as well but only 0.79 / 0.95 of the
+# round trips. The test region is harder (0.84 / 0.91 from its crops: grey natural crops read as black and white).
+# tests/test_captions.py checks these rates.
+DARK_MAX = 115.0      # 99th percentile of max(R, G, B) at or below: dark
+BRIGHT_MIN = 130.0    # 1st percentile of min(R, G, B) at or above: bright
+BW_CHROMA = 20.0      # mean of max(R, G, B) - min(R, G, B) below (after undoing the brightness): black and white
+TINT_EDGE = 90.0      # 2nd percentile of red >= this and 98th percentile of blue <= 255 - this: warm (cool: swapped)
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,9 @@ def plan(cfg) -> Plan:
         raise VGenError(f"samplers lists a setting twice: {variants}")
     if cfg.repeats < 1:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
+    from vgen import threads, validate
+    validate.dtype(cfg.get("dtype"))
+    threads.check(cfg.get("threads"))
     if cfg.num_samples < 1:
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
     if cfg.fid_samples < 0 or cfg.fid_samples == 1:
@@ -165,7 +168,7 @@ def run(p: Plan) -> tuple[dict, dict]:
 
     from vgen.pipeline import Pipeline
     cfg = p.cfg
-    pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device) for m in cfg.models}
+    pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
 
     def run_cell(m, v, b):
         """num_samples images (the card's examples in turn: labels i % classes, or its example prompts; seeds

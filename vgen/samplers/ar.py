@@ -43,7 +43,8 @@ class ARSampler(Sampler):
         cache = model.new_cache(cond_in.shape[0])
         u = per_sample_uniforms(seeds, (L,), dev)
         us = [c.clone() for c in u.t()]
-        positions = [torch.tensor([model.cond_len + t], device=dev) for t in range(L)]
+        pos = torch.arange(model.cond_len, model.cond_len + L, device=dev)
+        positions = [pos[t:t + 1] for t in range(L)]  # views: no host-to-device copy inside the loop
         step = compiled(ar_decode_step) if o.compile else ar_decode_step
         kw = dict(cfg=cfg, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
         # draw=gumbel: the draw at token t uses the noise of (seed, t), from its position keys (B,) per step

@@ -35,6 +35,7 @@ class ContinuousARSampler(ContinuousSampler):
         cache.limit(model.cond_len)
         z = model.prefill(cond_in, cache)
         clock.lap("transformer")
+        positions = torch.arange(model.cond_len, model.cond_len + L, device=dev)  # sliced below: no upload per token
         for t in tqdm(range(L), disable=not progress, desc="ar", leave=False):
             pos = torch.full((B,), t, device=dev)
             tok = draw_tokens(model, z, noise, rows, pos, o, L, guided).token
@@ -43,7 +44,7 @@ class ContinuousARSampler(ContinuousSampler):
             if t + 1 < L:
                 x = torch.cat([tok, tok]) if guided else tok
                 cache.limit(model.cond_len + t + 1)
-                z = model.decode(x[:, None], torch.tensor([model.cond_len + t], device=dev), cache)[:, 0]
+                z = model.decode(x[:, None], positions[t:t + 1], cache)[:, 0]
                 clock.lap("transformer")
         stats = {"forward_passes": L, "tokens": B * L, "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "accepted_per_step": 1.0, **clock.stats(),

@@ -136,11 +136,12 @@ class ZipARSampler(Sampler):
                              o.temperature, o.top_k, o.top_p)
         tokens[:, :1], logp[:, :1] = tok, lp
         last = at.max(1).values.tolist()  # the furthest slot each pass writes: attention reads up to it
+        ts = torch.arange(1, src.shape[0] + 1, device=dev)  # each pass's index, on the device before the loop
         for t in tqdm(range(1, src.shape[0] + 1), disable=not progress, desc="zipar", leave=False):
             seen = model.cond_len + last[t - 1] + 1
             cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
             tokens, logp, smap = step(model, cache, tokens, logp, smap, src[t - 1], at[t - 1], dst[t - 1], passes,
-                                      u, torch.tensor(t, device=dev), **kw)
+                                      u, ts[t - 1], **kw)
         n = src.shape[0] + 1
         stats = {"forward_passes": n, "tokens": B * L, "kv_cache_bytes": cache.nbytes, "accepted_per_step": L / n,
                  "step_map": smap}

@@ -37,6 +37,7 @@ class T2ITrainConfig(RecipeConfig):
     out: str = "runs/photos-t2i"
     tokenizer: str = "vgen/zoo/photos-gpt/vq.safetensors"   # the VQ (photos-gpt's: the same codes)
     init_gpt: str = "vgen/zoo/photos-gpt/gpt.safetensors"   # start the transformer here ('' = from scratch)
+    init_pipeline: str = ""  # a photos-t2i pipeline folder to continue from (GPT, caption path, encoder, tokenizer)
     steps: int = 1000
     batch_size: int = 32
     lr: float = 5e-4
@@ -144,16 +145,35 @@ def test_loss(m: T2I, codes: torch.Tensor, facts: list[dict], seed: int, batch: 
 @recipe(T2ITrainConfig)
 def train_t2i(cfg: T2ITrainConfig) -> dict:
     from vgen.kinds import load_official
-    needs = [(cfg.tokenizer, "VQ tokenizer", "vq")] + ([(cfg.init_gpt, "GPT to start from", "gpt")]
-                                                      if cfg.init_gpt else [])
+    init = Path(cfg.init_pipeline) if cfg.init_pipeline else None
+    needs = [(cfg.tokenizer, "VQ tokenizer", "vq")]
+    if init is not None:
+        needs += [(str(init / "gpt.safetensors"), "photos-t2i GPT to continue from", "t2i"),
+                  (str(init / "text" / "model.safetensors"), "photos-t2i text encoder to continue from", "t2i")]
+    elif cfg.init_gpt:
+        needs += [(cfg.init_gpt, "GPT to start from", "gpt")]
     run, device = start_run(cfg, needs=tuple(needs))
     vq = load_official("vq", cfg.tokenizer, device=device).eval()
+    if init is not None and not (run.path / "text" / "tokenizer.json").exists():  # the caption tokenizer it was trained with
+        tmp = run.path / ".text.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(init / "text", tmp)
+        tmp.rename(run.path / "text")
     text_folder = caption_tokenizer(run.path, cfg)
     tr_codes, tr_facts = captioned_codes(run.path, vq, "train", cfg.n_train, cfg.seed)
     te_codes, te_facts = captioned_codes(run.path, vq, "test", cfg.n_test, cfg.seed + 1)
-    text = text_encoder(text_folder, cfg)
-    gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
-    copied = init_from(gpt, cfg.init_gpt) if cfg.init_gpt else 0
+    if init is not None:
+        from vgen.kinds import read_checkpoint
+        from vgen.models.text import TextEncoder
+        text = TextEncoder.load(text_folder, cfg.caption_tokens).train()
+        gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
+        sd, _ = read_checkpoint(str(init / "gpt.safetensors"))
+        gpt.load_state_dict({k: v.float() for k, v in sd.items()})
+        copied = len(sd)
+    else:
+        text = text_encoder(text_folder, cfg)
+        gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
+        copied = init_from(gpt, cfg.init_gpt) if cfg.init_gpt else 0
     m = T2I(gpt, text).to(device)
     opt = adamw(m, cfg.lr, cfg.weight_decay)
     g = torch.Generator()

@@ -139,7 +139,7 @@ class Scheduler:
         out_tokens = torch.zeros((N, L), dtype=torch.long, device=dev)
         out_smap = torch.zeros((N, L), dtype=torch.long, device=dev)
         out_logp = torch.zeros((N, L), dtype=torch.float32, device=dev)
-        passes = torch.zeros(N, dtype=torch.float64)
+        passes = [0.0] * N  # each sample's forward passes (host side)
         policies = [None] * S  # each slot's own width policy (from its own sample's passes only)
         widths = [Wmax] * S
         checked = accepted = prefills = collected = 0
@@ -194,8 +194,10 @@ class Scheduler:
         bar = tqdm(total=N * L, disable=not progress, desc=self.name, unit="tok", leave=False)
         shown, before, width_sum, width_n = 0, None, 0, 0
         wv = torch.full((S,), Wmax, dtype=torch.long, device=dev)
-        while True:
-            n_host = st.n.tolist()
+        it_dev = torch.zeros((), dtype=torch.long, device=dev)  # the iteration, counted on the device
+        while True:  # one host read per pass: every slot's position and counts, in one transfer
+            host = torch.cat([st.n[:, None], st.counts], 1).tolist()
+            n_host = [row[0] for row in host]
             if self.new_policy is not None and before is not None:  # what each sample's last pass accepted
                 for b in range(S):
                     if owner[b] >= 0 and before[b] < n_host[b] < L:
@@ -206,7 +208,7 @@ class Scheduler:
                 i = owner[b]
                 out_tokens[i], out_logp[i] = st.tokens[b, :L], st.logp[b, :L]
                 out_smap[i] = st.smap[b, :L] - start[b]
-                cb = st.counts[b].tolist()
+                cb = host[b][1:]
                 passes[i] = cb[0] + 1 + int(P > 0)  # its passes and its prefill (and prefix pass)
                 checked += cb[1]
                 accepted += cb[2]
@@ -215,7 +217,8 @@ class Scheduler:
             refill = finished[: N - next_sample]
             if refill:
                 st = fill(refill)
-                n_host = st.n.tolist()
+                for b in refill:  # fill sets every refilled slot's position to P + 1: known without a read
+                    n_host[b] = P + 1
             done = collected * L + sum(n_host[b] for b in range(S) if owner[b] >= 0)
             bar.update(done - shown)
             shown = done
@@ -237,13 +240,14 @@ class Scheduler:
             seen = model.cond_len + min(L - 1, front + W - 2) + 1
             cache.limit((cache.bucket(seen) if self.compile else seen) if limit else None)
             ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
-            if self.new_policy is not None:  # fixed window: wv stays all Wmax
-                wv = torch.tensor(widths, device=dev).clamp_max(W)
-            st = step(model, cache, st, wv, ui, torch.tensor(it, device=dev), W, c, self.rule, **source.step_args)
+            if self.new_policy is not None:  # fixed window: wv stays all Wmax; else an asynchronous upload
+                wv = torch.as_tensor(widths).to(dev, non_blocking=True).clamp_max(W)
+            it_dev += 1
+            st = step(model, cache, st, wv, ui, it_dev, W, c, self.rule, **source.step_args)
         bar.close()
         stats = {"forward_passes": it + prefills, "tokens": N * (L - P), "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp[:, P:].mean()),
-                 "accepted_per_step": float(((L - P) / passes).mean()),
+                 "accepted_per_step": float(((L - P) / torch.tensor(passes, dtype=torch.float64)).mean()),
                  "acceptance_rate": accepted / checked if checked else 0.0,
                  "mean_window": width_sum / max(width_n, 1), "step_map": out_smap}
         return out_tokens, stats

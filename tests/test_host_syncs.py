@@ -1,0 +1,128 @@
+"""Host round trips inside the decode loops (issue 47), counted on the CPU.
+
+On a GPU every read of a device value on the host (``.item()``, ``.tolist()``, ``int(t)``, ``bool(t)``, boolean
+indexing / ``nonzero``) waits for the device, and every tensor built from Python data inside the loop is a
+host-to-device copy. Neither shows on a CPU clock, so they are counted here: a dispatch mode sees the aten ops
+behind them (``_local_scalar_dense`` / ``item``, ``is_nonzero``, ``nonzero``, ``masked_select``, ``lift_fresh``)
+and ``Tensor.tolist`` is wrapped. Each forward pass of the model opens a new interval; the counts of every interval
+after the first pass are what the loop costs per pass. The budget: none per AR / ZipAR pass, at most one read (the
+accepted counts) and no upload per speculative pass with a fixed window.
+"""
+import collections
+import contextlib
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vgen.samplers import sample
+
+READS = ("_local_scalar_dense", "aten.item", "is_nonzero", "aten.nonzero", "masked_select")
+UPLOADS = ("lift_fresh",)
+
+
+class HostTrips(TorchDispatchMode):
+    """Counts host reads and uploads per interval between forward passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.intervals = [collections.Counter()]
+
+    def mark(self):
+        self.intervals.append(collections.Counter())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if any(r in name for r in READS):
+            self.intervals[-1]["reads"] += 1
+        elif any(u in name for u in UPLOADS):
+            self.intervals[-1]["uploads"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counting(model):
+    """Count host trips while ``model`` samples; each ``decode`` / ``decode_features`` call (a forward pass over
+    new tokens) opens an interval."""
+    trips = HostTrips()
+    tolist = torch.Tensor.tolist
+    names = ("decode", "decode_features")
+    own = {k: model.__dict__.get(k) for k in names}  # methods patched on the instance already (restored after)
+
+    def counted_tolist(self):
+        trips.intervals[-1]["reads"] += 1
+        return tolist(self)
+
+    def marked(fn):
+        def call(*a, **k):
+            trips.mark()
+            return fn(*a, **k)
+        return call
+
+    torch.Tensor.tolist = counted_tolist
+    for k in names:
+        setattr(model, k, marked(getattr(model, k)))
+    try:
+        with trips:
+            yield trips
+    finally:
+        torch.Tensor.tolist = tolist
+        for k in names:
+            if own[k] is None:
+                delattr(model, k)
+            else:
+                setattr(model, k, own[k])
+
+
+def per_pass(trips):
+    """The counts between consecutive passes (the loop), without the setup before the first pass and the
+    statistics after the last."""
+    return trips.intervals[2:-1]
+
+
+@pytest.mark.parametrize("name,opts,reads", [
+    ("ar", {}, 0),
+    ("zipar", dict(window=2), 0),
+    ("sjd", dict(window=4), 1),
+    ("scd", dict(window=4), 1),
+    ("sjd", dict(window=4, init="vertical", coupling="maximal"), 1),
+    ("gsd", dict(window=4), 1),
+    ("lantern", dict(window=4, delta=0.2), 1),
+    ("eagle", dict(window=4), 1),
+])
+def test_host_round_trips_per_pass(tiny_gpt, name, opts, reads):
+    import torch.nn.functional as F
+
+    from vgen.models.drafter import Drafter
+    if name in ("gsd", "lantern"):
+        opts = dict(opts, codebook=F.normalize(torch.randn(tiny_gpt.vocab_size, 8,
+                                                           generator=torch.Generator().manual_seed(0)), dim=-1))
+    if name == "eagle":
+        torch.manual_seed(0)
+        opts = dict(opts, draft=Drafter(tiny_gpt.config, "block").eval())
+    with counting(tiny_gpt) as trips:
+        tokens, st = sample(tiny_gpt, [0, 1, 2], name, seed=0, cfg_scale=2.0, top_k=8, **opts)
+    loop = per_pass(trips)
+    assert len(loop) >= 5  # the loop really ran and was seen pass by pass
+    worst = {k: max(c[k] for c in loop) for k in ("reads", "uploads")}
+    assert worst == {"reads": reads, "uploads": 0}, loop
+
+
+def test_the_counter_sees_a_read_and_an_upload(tiny_gpt):
+    """Power: a `.item()` and a tensor built from a Python list inside the loop are counted."""
+    step = tiny_gpt.decode
+
+    def leaky(*a, **k):
+        out = step(*a, **k)
+        float(out[0, 0, 0].item())
+        torch.tensor([1, 2])
+        return out
+
+    tiny_gpt.decode = leaky
+    try:
+        with counting(tiny_gpt) as trips:
+            sample(tiny_gpt, [0], "ar", seed=0)
+    finally:
+        del tiny_gpt.decode
+    loop = per_pass(trips)
+    assert all(c["reads"] >= 1 and c["uploads"] >= 1 for c in loop)

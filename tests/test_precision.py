@@ -1,0 +1,129 @@
+"""Half precision and CPU threads (issue 47): a bfloat16 target keeps the exact samplers exact given its logits,
+the KV cache follows the model's dtype, `dtype=` / `threads=` reach every command and are checked first."""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from exact import chi2_p, counts_of, exact_joint
+from guards import cli_refusal
+
+from vgen.samplers import sample
+
+OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
+N = 20_000
+
+
+@pytest.fixture(scope="module")
+def micro_bf16(micro_gpt):
+    """The micro GPT in bfloat16 and the joint its own (bfloat16) logits define, enumerated."""
+    m = copy.deepcopy(micro_gpt).to(torch.bfloat16)
+    _, joint = exact_joint(m, 1, 2.0, top_k=3, temperature=0.9)
+    _, unguided = exact_joint(m, 1, 1.0, top_k=3, temperature=0.9)
+    return m, joint.double().numpy(), unguided.double().numpy()
+
+
+def test_bfloat16_logits_reach_the_sampler_as_float32(micro_bf16):
+    m, joint, _ = micro_bf16
+    out = m(torch.zeros(2, 4, dtype=torch.long), torch.tensor([0, 1]))
+    assert out.dtype == torch.float32  # every probability and acceptance is computed from float32 logits
+    assert abs(joint.sum() - 1) < 1e-5
+
+
+@pytest.mark.parametrize("name,extra", [("ar", {}), ("sjd", dict(window=3, init="vertical")),
+                                        ("scd", dict(window=3))])
+def test_exact_samplers_stay_exact_with_a_bfloat16_target(micro_bf16, name, extra):
+    """20k samples of a bfloat16 model follow the joint its bfloat16 logits define (chi-square), the same counts
+    reject the unguided joint (power), and no image of probability zero appears."""
+    m, joint, unguided = micro_bf16
+    tokens, st = sample(m, [1] * N, name, seed=0, **extra, **OPTS)
+    counts = counts_of(tokens, 4)
+    assert counts[joint == 0].sum() == 0
+    assert chi2_p(counts, unguided) < 1e-6
+    assert chi2_p(counts, joint) > 1e-3
+    if name != "ar":
+        assert st["accepted_per_step"] > 1.0
+
+
+@pytest.mark.parametrize("name", ["ar", "sjd"])
+def test_kv_cache_follows_the_model_dtype(tiny_gpt, name):
+    """bfloat16 weights: the KV cache is bfloat16 too (half the bytes), and the bfloat16 model scores float32's
+    samples within 2% of the float32 model's NLL (teacher forced, the same tokens)."""
+    import torch.nn.functional as F
+    extra = dict(window=4) if name == "sjd" else {}
+    m16 = copy.deepcopy(tiny_gpt).to(torch.bfloat16)
+    tokens, st32 = sample(tiny_gpt, [0, 1, 2, 3], name, seed=0, cfg_scale=2.0, **extra)
+    _, st16 = sample(m16, [0, 1, 2, 3], name, seed=0, cfg_scale=2.0, **extra)
+    assert st16["kv_cache_bytes"] * 2 == st32["kv_cache_bytes"]
+    labels = torch.tensor([0, 1, 2, 3])
+    with torch.no_grad():
+        nll32, nll16 = (F.cross_entropy(m(tokens, labels).flatten(0, 1), tokens.flatten()).item()
+                        for m in (tiny_gpt, m16))
+    assert abs(nll16 - nll32) < 0.02 * nll32
+
+
+def test_pipeline_dtype_by_name(tiny_pipeline):
+    import vgen
+    pipe = vgen.load_pipeline(str(tiny_pipeline), dtype="bf16")
+    assert next(pipe.model.parameters()).dtype == torch.bfloat16
+    g = pipe.generate([0, 1], seed=0, sampler="sjd", window=4)
+    assert g.images.dtype == torch.uint8 and g.stats["kv_cache_bytes"] > 0
+
+
+def test_sample_dtype_is_recorded_and_defines_the_samples(tiny_pipeline, tmp_path):
+    """`vgen sample dtype=bfloat16` records the dtype in run.json (other samples than float32's), and a rerun in
+    another dtype into the same folder is refused, not mixed."""
+    out = tmp_path / "bf"
+    cmd = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "num_samples=2", f"outdir={out}",
+           "progress=false", "threads=1"]
+    r = subprocess.run(cmd + ["dtype=bfloat16"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "run.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((out / "stats.json").read_text())["threads"] == 1
+    r = subprocess.run(cmd + ["dtype=float16"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("args,match", [
+    (["sample", "dtype=int8"], "dtype must be one of"),
+    (["sample", "threads=0"], "threads must be a whole number >= 1"),
+    (["bench", "dtype=double8"], "dtype must be one of"),
+    (["bench", "threads=-2"], "threads must be a whole number >= 1"),
+    (["eval", "fid", "samples=x", "threads=0"], "threads must be a whole number >= 1"),
+])
+def test_bad_dtype_or_threads_is_one_line_before_anything_is_written(args, match, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = cli_refusal(args + [f"outdir={tmp_path / 'o'}"] if args[0] != "eval" else args, capsys)
+    assert code == 2 and match in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_default_threads_are_this_process_share_of_the_cores(monkeypatch):
+    from vgen import threads
+    cores = threads.usable_cores()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert threads.default_threads() == max(1, cores // 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert threads.default_threads() == cores
+    before = torch.get_num_threads()
+    try:
+        assert threads.set_threads(1) == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_vgen_command_bounds_openmp_spinning():
+    """A `vgen` process (python -m vgen) bounds how long idle OpenMP threads spin before they sleep (set before torch
+    starts), unless the user chose a wait policy or a spin count."""
+    code = ("import sys; sys.argv = ['-m']; import vgen, os, torch; "
+            "print(os.environ.get('GOMP_SPINCOUNT'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip() == "1000", r.stderr
+    for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **chosen},
+                           timeout=120)
+        assert r.stdout.strip() == chosen.get("GOMP_SPINCOUNT", "None"), r.stderr
