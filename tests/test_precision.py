@@ -127,3 +127,29 @@ def test_the_vgen_command_bounds_openmp_spinning():
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **chosen},
                            timeout=120)
         assert r.stdout.strip() == chosen.get("GOMP_SPINCOUNT", "None"), r.stderr
+
+
+@pytest.mark.slow
+def test_gpu_experiment_runs_small_on_a_cpu(tmp_path):
+    """`vgen bench +experiment=gpu` on a CPU: the small shapes in float32 and bfloat16, a pass-cost table per shape
+    and dtype (1 token = 1.0) and AR against the official loop, in bench.json and bench.md."""
+    out = tmp_path / "gpu"
+    r = subprocess.run([sys.executable, "-m", "vgen", "bench", "+experiment=gpu", "cpu_shapes=[cpu-S]",
+                        "batch_sizes=[1]", "repeats=1", "compile=false", "samplers=[ar]", "num_samples=1",
+                        "pass_widths=[1,2,8]", f"outdir={out}"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((out / "bench.json").read_text())
+    shapes = rep["shapes"]["shapes"]
+    assert set(shapes) == {"cpu-S"} and set(shapes["cpu-S"]) == {"float32", "bfloat16"}
+    for entry in shapes["cpu-S"].values():
+        assert entry["pass_cost"]["1"] == 1.0 and set(entry["pass_cost"]) == {"1", "2", "8"}
+        assert all(v > 0 for v in entry["pass_seconds"].values())
+        ar = entry["ar"]["1"]
+        assert ar["vgen"]["ms_per_token"] > 0 and ar["official"]["ms_per_token"] > 0
+    assert "Released GPT shapes" in (out / "bench.md").read_text()
+    assert rep["rows"] and rep["rows"][0]["sampler"] == "ar"  # the zoo's samplers in the same run
+
+
+def test_gpu_experiment_refuses_unknown_shapes(capsys, tmp_path):
+    code, err = cli_refusal(["bench", "+experiment=gpu", "cpu_shapes=[huge]", f"outdir={tmp_path / 'o'}"], capsys)
+    assert code == 2 and "unknown shapes" in err and not (tmp_path / "o").exists()

@@ -71,7 +71,17 @@ def bench(cfg: DictConfig):
     p = plan(cfg)  # every setting checked before anything is written or loaded
     out = validate.outdir(cfg.outdir)
     record_config(cfg, out)
-    return report(p, *run(p))
+    rep = report(p, *run(p))
+    from vgen.eval import shapes
+    if shapes.check(cfg):  # the released GPT shapes with random weights (+experiment=gpu)
+        from vgen.io import atomic_write_bytes, atomic_write_json
+        rep["shapes"] = shapes.run(cfg)
+        table = shapes.markdown(rep["shapes"])
+        print(table)
+        atomic_write_json(out / "bench.json", rep)
+        md = (out / "bench.md").read_text() + "\n## Released GPT shapes (random weights)\n\n" + table + "\n"
+        atomic_write_bytes(out / "bench.md", md.encode())
+    return rep
 
 
 def eval(cfg: DictConfig):  # noqa: A001 (the command's name)

@@ -122,6 +122,10 @@ class BenchSchema:
     fid_reference: str = "photos-test"
     fvd_samples: int = 0  # FVD-photo of this many clips per setting of a video model (0: off)
     fvd_reference: str = "clips-test"
+    shapes: list[str] = field(default_factory=list)  # on CUDA: LlamaGen GPT shapes (B, L, XL, XXL), random weights
+    cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
+    shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
+    pass_widths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # tokens per pass (pass_cost)
 
 
 @dataclass

@@ -38,6 +38,7 @@ class T2ITrainConfig(RecipeConfig):
     tokenizer: str = "vgen/zoo/photos-gpt/vq.safetensors"   # the VQ (photos-gpt's: the same codes)
     init_gpt: str = "vgen/zoo/photos-gpt/gpt.safetensors"   # start the transformer here ('' = from scratch)
     init_pipeline: str = ""  # a photos-t2i pipeline folder to continue from (GPT, caption path, encoder, tokenizer)
+    install: bool = False    # copy the pipeline into the zoo as photos-t2i (GPT stored fp16; any old drafter dropped)
     steps: int = 1000
     batch_size: int = 32
     lr: float = 5e-4
@@ -199,7 +200,29 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
                "text_params": sum(p.numel() for p in text.parameters()), "init_tensors_copied": copied}
     run.log({"final": True, **metrics})
     export(run.path / "pipeline", m, vq, cfg, metrics)
+    if cfg.install:
+        install(run.path / "pipeline")
     return metrics
+
+
+def install(folder: Path, name: str = "photos-t2i") -> Path:
+    """Copy a t2i pipeline folder into the zoo as ``name``: the GPT stored as fp16 (loaded back as fp32), the text
+    encoder and the VQ as trained. A drafter of the pipeline it replaces is not kept (it drafted for other
+    weights): train one with ``vgen train recipe=drafter model=photos-t2i recipe.install=true``."""
+    from vgen.cards import ZOO_DIR
+    from vgen.kinds import load_official
+    from vgen.train.zoo import store_fp16
+    dest, tmp = ZOO_DIR / name, ZOO_DIR / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(folder, tmp)
+    store_fp16(load_official("gpt", folder / "gpt.safetensors"), "gpt", tmp)
+    card = json.loads((tmp / "pipeline.json").read_text())
+    card["name"] = name
+    card["metrics"]["stored_as"] = "gpt fp16 (loaded as fp32), text encoder and VQ fp32"
+    atomic_write_json(tmp / "pipeline.json", card)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
 
 
 def export(folder: Path, m: T2I, vq, cfg: T2ITrainConfig, metrics: dict) -> Path:

@@ -1,0 +1,159 @@
+"""The released LlamaGen GPT shapes, timed with random weights (``vgen bench +experiment=gpu``).
+
+Decode speed depends on a model's shapes, not on its weights, so the released class-conditional GPTs (B, L, XL,
+XXL: ../shared/reference.md) are built with random weights at their real sizes (vocabulary 16384, 256 image
+tokens, one class token) and measured per shape and dtype:
+
+* ``pass_cost``: one forward pass over w new tokens (w = 1, 2, 4, ... 32) at batch 1 on a half-filled KV cache,
+  relative to a pass over one token: the curve every speculative sampler's speed-up rides on (on a GPU a 16-token
+  pass costs about one token's while the step is memory-bound; on a small CPU it costs nearly 16);
+* ``ar``: milliseconds per token of vgen's ``ar`` sampler against the official-style eager loop
+  (:func:`vgen.samplers.llamagen_loop.llamagen_generate`) at each batch size, with CFG (both halves), and the peak
+  memory of each.
+
+On a CPU the released shapes take minutes per image, so ``cpu_shapes`` (small ones) run instead: CI exercises the
+code, the numbers that matter come from a GPU.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from vgen.errors import VGenError
+
+# name -> (dim, n_layer, n_head): LlamaGen's c2i GPTs, and two small shapes for CPUs
+SHAPES: dict[str, tuple[int, int, int]] = {
+    "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1280, 36, 20), "XXL": (1536, 48, 24),
+    "cpu-S": (256, 4, 4), "cpu-M": (512, 8, 8),
+}
+VOCAB, TOKENS, CLASSES = 16384, 256, 1000
+
+
+def check(cfg) -> list[str]:
+    """The shapes this run measures (``shapes`` on CUDA, ``cpu_shapes`` elsewhere), checked: one-line errors."""
+    from vgen import validate
+    device = validate.device(cfg.device)
+    names = [str(s) for s in (cfg.shapes if device.type == "cuda" else cfg.get("cpu_shapes") or [])]
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown:
+        raise VGenError(f"unknown shapes {unknown}: choose from {', '.join(SHAPES)}")
+    for d in cfg.get("shape_dtypes") or []:
+        validate.dtype(d)
+    widths = list(cfg.get("pass_widths") or [])
+    if not widths or 1 not in widths or any(int(w) < 1 for w in widths):
+        raise VGenError(f"pass_widths must list whole numbers >= 1, 1 among them (the reference), got {widths}")
+    return names
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peak_mb(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None
+
+
+def build_shape(name: str, dtype: torch.dtype, device: torch.device):
+    from vgen.models import build
+    dim, n_layer, n_head = SHAPES[name]
+    torch.manual_seed(0)
+    model = build("gpt", dim=dim, n_layer=n_layer, n_head=n_head, vocab_size=VOCAB, num_classes=CLASSES,
+                  block_size=TOKENS)
+    torch.nn.init.normal_(model.output.weight, std=0.02)  # the official init zeroes the head: uniform draws
+    return model.to(device=device, dtype=dtype).eval()
+
+
+@torch.inference_mode()
+def pass_cost(model, widths: list[int], repeats: int) -> dict[int, float]:
+    """Seconds of one decode pass over w tokens at batch 1 (half-filled cache, widths interleaved, median)."""
+    device = next(model.parameters()).device
+    cache = model.new_cache(1)
+    cache.limit(None)
+    model.prefill(torch.zeros(1, dtype=torch.long, device=device), cache)
+    start = model.cond_len + TOKENS // 2
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for r in range(repeats + 1):  # round 0: warm-up
+        for w in widths:
+            x = torch.zeros((1, w), dtype=torch.long, device=device)
+            pos = torch.arange(start, start + w, device=device)
+            _sync(device)
+            t0 = time.perf_counter()
+            model.decode(x, pos, cache)
+            _sync(device)
+            if r:
+                times[w].append(time.perf_counter() - t0)
+    return {w: statistics.median(t) for w, t in times.items()}
+
+
+@torch.inference_mode()
+def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
+    """ms per token of vgen's ar and of the official-style loop at ``batch``, CFG 4 (both halves), top-k 0."""
+    from vgen.samplers import sample
+    from vgen.samplers.llamagen_loop import llamagen_generate
+    device = next(model.parameters()).device
+    labels = torch.arange(batch, device=device) % CLASSES
+    out = {}
+    for name, fn in (("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
+                     ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))):
+        secs = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for r in range(repeats + 1):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if r:
+                secs.append(time.perf_counter() - t0)
+        out[name] = {"ms_per_token": 1e3 * statistics.median(secs) / (batch * TOKENS), "peak_mb": _peak_mb(device)}
+    out["speedup"] = out["official"]["ms_per_token"] / out["vgen"]["ms_per_token"]
+    return out
+
+
+def run(cfg) -> dict:
+    """Every shape x dtype: the pass-cost table and AR against the official loop at each batch size."""
+    from tqdm.auto import tqdm
+
+    from vgen import validate
+    device = validate.device(cfg.device)
+    names = check(cfg)
+    dtypes = [validate.dtype(d) for d in (cfg.get("shape_dtypes") or ["float32"])]
+    widths = sorted({int(w) for w in cfg.pass_widths})
+    repeats = int(cfg.repeats)
+    result: dict = {"device": str(device), "tokens": TOKENS, "vocab": VOCAB, "shapes": {}}
+    if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)
+    for name in tqdm(names, desc="shapes", leave=False):
+        for dtype in dtypes:
+            model = build_shape(name, dtype, device)
+            secs = pass_cost(model, widths, max(repeats, 3))
+            entry = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                     "pass_seconds": {str(w): s for w, s in secs.items()},
+                     "pass_cost": {str(w): s / secs[1] for w, s in secs.items()},
+                     "ar": {str(b): ar_speed(model, int(b), bool(cfg.compile), repeats) for b in cfg.batch_sizes}}
+            result["shapes"].setdefault(name, {})[str(dtype).removeprefix("torch.")] = entry
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return result
+
+
+def markdown(result: dict) -> str:
+    """Two tables: pass cost by width, and AR ms per token (vgen / official) by batch size."""
+    rows = [(s, d, e) for s, by in result["shapes"].items() for d, e in by.items()]
+    if not rows:
+        return ""
+    widths = list(rows[0][2]["pass_cost"])
+    lines = ["| shape | dtype | " + " | ".join(f"{w} tok" for w in widths) + " |",
+             "|---|---|" + "---|" * len(widths)]
+    lines += [f"| {s} | {d} | " + " | ".join(f"{e['pass_cost'][w]:.2f}" for w in widths) + " |" for s, d, e in rows]
+    batches = list(rows[0][2]["ar"])
+    lines += ["", "| shape | dtype | " + " | ".join(f"batch {b}: vgen / official ms per token" for b in batches) + " |",
+              "|---|---|" + "---|" * len(batches)]
+    lines += [f"| {s} | {d} | " + " | ".join(
+        f"{e['ar'][b]['vgen']['ms_per_token']:.3f} / {e['ar'][b]['official']['ms_per_token']:.3f} "
+        f"({e['ar'][b]['speedup']:.2f}x)" for b in batches) + " |" for s, d, e in rows]
+    return "\n".join(lines)
