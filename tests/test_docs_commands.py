@@ -116,7 +116,7 @@ def composes_only(argv) -> str | None:
     for real. Run for real: ``vgen --help`` and ``vgen sample`` (tiny, into a temporary folder: ``real_argv``).
     Composed only: commands that train, evaluate, benchmark, calibrate or serve the demo, a multirun (``-m``), a
     sample that compiles its decode step (``sampler.compile=true``: minutes of compilation on a CPU, which
-    test_compile_auto covers), and a command naming a file that is not here (``/path/to/...``, ``<pipeline>``, a
+    test_compile_auto covers), one on ``device=cuda`` (CI has no GPU), and a command naming a file that is not here (``/path/to/...``, ``<pipeline>``, a
     .pth / .pt / .npz / .mp4 ...)."""
     if not argv or argv[0] in ("-h", "--help", "help"):
         return None
@@ -126,6 +126,8 @@ def composes_only(argv) -> str | None:
         return "a multirun"
     if "sampler.compile=true" in (a.lower() for a in argv):
         return "it compiles"
+    if any(a.startswith("device=cuda") for a in argv):
+        return "it needs a GPU"
     missing = [a.partition("=")[2] for a in argv[1:] if _names_missing_file(a.partition("=")[2])]
     if missing:
         return f"{missing[0]} is not here"

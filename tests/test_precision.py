@@ -153,3 +153,17 @@ def test_gpu_experiment_runs_small_on_a_cpu(tmp_path):
 def test_gpu_experiment_refuses_unknown_shapes(capsys, tmp_path):
     code, err = cli_refusal(["bench", "+experiment=gpu", "cpu_shapes=[huge]", f"outdir={tmp_path / 'o'}"], capsys)
     assert code == 2 and "unknown shapes" in err and not (tmp_path / "o").exists()
+
+
+def test_an_in_process_command_keeps_the_callers_threads(tiny_pipeline, tmp_path):
+    """vgen.cli.main run in process (tests, notebooks) sets its threads for the command only."""
+    from vgen.cli import main
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        main(["sample", f"model.path={tiny_pipeline}", "num_samples=1", f"outdir={tmp_path / 'o'}", "progress=false",
+              "threads=2"])
+        assert json.loads((tmp_path / "o" / "stats.json").read_text())["threads"] == 2
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

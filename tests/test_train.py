@@ -230,6 +230,7 @@ def test_vq_recipe_fine_tunes_on_captioned_crops(tmp_path):
         train_vq(VQTrainConfig(out=str(tmp_path / "bad2"), init=str(tmp_path / "missing.safetensors")))
 
 
+@pytest.mark.slow
 def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     """recipe=t2i at toy size: caption tokenizer, codes, GPT + T5 end to end, the pipeline folder (loads and
     samples from prompts); recipe.init_pipeline continues from that folder (every GPT tensor, its encoder and

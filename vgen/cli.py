@@ -173,13 +173,18 @@ def main(argv: list[str] | None = None) -> None:
 
     @hydra.main(config_path="pkg://vgen.configs", config_name=command, version_base="1.3")
     def _app(cfg: DictConfig):
+        import torch
+
+        from vgen.threads import set_threads
+        before = torch.get_num_threads()
         try:
-            from vgen.threads import set_threads
             set_threads(cfg.get("threads"))  # this process's share of the cores unless threads= says otherwise
             return task(cfg)
         except VGenError as e:
             print(f"vgen {command}: error: {e}", file=sys.stderr)
             sys.exit(2)
+        finally:
+            torch.set_num_threads(before)  # run in process (tests, notebooks): the caller's threads are kept
 
     sys.argv = [f"vgen {command}"] + rest
     import signal

@@ -195,7 +195,8 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
             tqdm.write(f"step {step}: test loss {tl:.4f} nats/token (perplexity {math.exp(tl):.1f})")
 
     step, last = train_loop(cfg, m, opt, run, step_fn, desc="t2i", clip=1.0, log_every=20, on_save=on_save)
-    metrics = {"test_loss": test_loss(m, te_codes, te_facts, 7), "train_loss_last": last, "steps": step,
+    metrics = {"test_loss": test_loss(m, te_codes, te_facts, 7),
+               "train_loss_last": last if math.isfinite(last) else None, "steps": step,
                "gpt_params": sum(p.numel() for p in gpt.parameters()),
                "text_params": sum(p.numel() for p in text.parameters()), "init_tensors_copied": copied}
     run.log({"final": True, **metrics})
