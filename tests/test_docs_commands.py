@@ -116,8 +116,8 @@ def composes_only(argv) -> str | None:
     for real. Run for real: ``vgen --help`` and ``vgen sample`` (tiny, into a temporary folder: ``real_argv``).
     Composed only: commands that train, evaluate, benchmark, calibrate or serve the demo, a multirun (``-m``), a
     sample that compiles its decode step (``sampler.compile=true``: minutes of compilation on a CPU, which
-    test_compile_auto covers), one on ``device=cuda`` (CI has no GPU), and a command naming a file that is not here (``/path/to/...``, ``<pipeline>``, a
-    .pth / .pt / .npz / .mp4 ...)."""
+    test_compile_auto covers), one on ``device=cuda`` (CI has no GPU), and a command naming a file that is not
+    here (``/path/to/...``, ``<pipeline>``, a .pth / .pt / .npz / .mp4 ...)."""
     if not argv or argv[0] in ("-h", "--help", "help"):
         return None
     if argv[0] != "sample":

@@ -116,13 +116,17 @@ def test_default_threads_are_this_process_share_of_the_cores(monkeypatch):
 
 
 def test_the_vgen_command_bounds_openmp_spinning():
-    """A `vgen` process (python -m vgen) bounds how long idle OpenMP threads spin before they sleep (set before torch
-    starts), unless the user chose a wait policy or a spin count."""
-    code = ("import sys; sys.argv = ['-m']; import vgen, os, torch; "
+    """A `vgen` process (python -m vgen, as torchrun starts it) bounds how long idle OpenMP threads spin before they
+    sleep (set before torch starts), unless the user chose a wait policy or a spin count; another program that
+    imports vgen is left alone."""
+    code = ("import sys; sys.orig_argv = [sys.executable, '-u', '-m', 'vgen', 'sample']; import vgen, os, torch; "
             "print(os.environ.get('GOMP_SPINCOUNT'))")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.stdout.strip() == "1000", r.stderr
+    other = code.replace("'-m', 'vgen'", "'-m', 'mytool'")
+    r = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, env=env, timeout=120)
+    assert r.stdout.strip() == "None", r.stderr
     for chosen in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "300000"}):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **chosen},
                            timeout=120)

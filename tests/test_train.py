@@ -254,6 +254,7 @@ def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     cont = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "more"), "init_pipeline": str(folder)}))
     gpt_keys = len(load_official("gpt", folder / "gpt.safetensors").state_dict())
     assert cont["init_tensors_copied"] == gpt_keys
-    assert (tmp_path / "more" / "text" / "tokenizer.json").read_text() == (folder / "text" / "tokenizer.json").read_text()
+    copied_tokenizer = (tmp_path / "more" / "text" / "tokenizer.json").read_text()
+    assert copied_tokenizer == (folder / "text" / "tokenizer.json").read_text()
     with pytest.raises(VGenError, match="not found"):
         train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad"), "init_pipeline": str(tmp_path / "none")}))

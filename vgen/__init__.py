@@ -3,7 +3,9 @@ import os as _os
 import signal as _signal
 import sys as _sys
 
-_COMMAND = _os.path.basename(_sys.argv[0] or "") == "vgen" or _sys.argv[0] == "-m"  # the `vgen` command, python -m vgen
+_ARGV = getattr(_sys, "orig_argv", [])  # the interpreter's own command line: `python [-u] -m vgen ...`
+_MODULE = _ARGV[_ARGV.index("-m") + 1] if "-m" in _ARGV[:-1] else ""
+_COMMAND = _os.path.basename(_sys.argv[0] or "") == "vgen" or _MODULE.split(".")[0] == "vgen"
 if _COMMAND and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(_os.environ):
     _os.environ["GOMP_SPINCOUNT"] = "1000"  # idle OpenMP threads spin briefly, then sleep (vgen.threads)
 if _os.path.basename(_sys.argv[0] or "") == "vgen" and _signal.getsignal(_signal.SIGINT) is _signal.default_int_handler:

@@ -68,12 +68,13 @@ def bench(cfg: DictConfig):
     from vgen import validate
     from vgen.configs import record_config
     from vgen.eval.bench import plan, report, run
+    from vgen.eval import shapes
     p = plan(cfg)  # every setting checked before anything is written or loaded
+    measure_shapes = shapes.check(cfg)  # the released GPT shapes with random weights (+experiment=gpu)
     out = validate.outdir(cfg.outdir)
     record_config(cfg, out)
     rep = report(p, *run(p))
-    from vgen.eval import shapes
-    if shapes.check(cfg):  # the released GPT shapes with random weights (+experiment=gpu)
+    if measure_shapes:
         from vgen.io import atomic_write_bytes, atomic_write_json
         rep["shapes"] = shapes.run(cfg)
         table = shapes.markdown(rep["shapes"])

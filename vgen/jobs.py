@@ -120,7 +120,8 @@ class SampleJob:
                                  "sha1": hashlib.sha1(clip.numpy().tobytes()).hexdigest()}
         t_start = time.perf_counter()
         with vd.process_group(self.device) as (rank, world, device):
-            pipe = Pipeline.from_card(card, device=device, dtype=self.dtype)  # weights read and checked before anything is written
+            # weights read and checked before anything is written
+            pipe = Pipeline.from_card(card, device=device, dtype=self.dtype)
             with FolderLock(out):
                 todo = None
                 if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
@@ -271,7 +272,6 @@ def prepare_outdir(out: Path, run_key: dict, n: int, ext: str = ".png") -> list[
         if not tmp.name.startswith(f".{FolderLock.NAME}."):  # another job's lock being written (to be refused)
             tmp.unlink(missing_ok=True)  # left by a killed writer of this folder (the lock says no one else writes)
     return [i for i in range(n) if not (out / f"{i:06d}{ext}").exists()]
-
 
 
 def merged_parts(out: Path, n: int) -> dict:

@@ -1,14 +1,14 @@
 """The numbers behind photos-t2i's "why" (docs/zoo.md#photos-t2i-text-to-image, the lab log):
 
 * subject accuracy by guidance scale ("a photo of the <subject>", every subject, 4 samples each);
-* what photos-gpt's VQ keeps of the treatments: a round trip of 600 real captioned crops, measured by the same
-  pixel measures as the prompt accuracy;
+* what the pipeline's VQ keeps of the treatments: a round trip of 600 real captioned crops, measured by the same
+  pixel measures as the prompt accuracy (the first release's numbers in the docs were taken with photos-gpt's VQ and
+  the pixel-exact thresholds of the time);
 * the plain photo classifier on 400 captioned test crops, and photo-classifier-t2i on 512 unseen crops of the
   training region (seed 777: never drawn in its training).
 
     python docs/scripts/t2i_diagnostics.py > diagnostics.json
 """
-import collections
 import json
 
 import torch
@@ -16,9 +16,10 @@ import torch
 import vgen
 import vgen.eval
 from vgen.data import to_model_range, to_uint8
-from vgen.data.captions import captioned_photos, measure_brightness, measure_colour, prompt_set
+from vgen.data.captions import captioned_photos, prompt_set
 from vgen.eval.extractors import load_photo_classifier
 from vgen.eval.t2i import T2I_CLASSIFIER
+from vgen.train.vq import treatments_kept
 
 out = {}
 pipe = vgen.load_pipeline("photos-t2i")
@@ -31,11 +32,9 @@ d = captioned_photos("train", 600, seed=999)
 with torch.inference_mode():
     rec = torch.cat([to_uint8(pipe.tokenizer.decode(pipe.tokenizer.encode(to_model_range(d.images[i:i + 100]))))
                      for i in range(0, 600, 100)])
-for key, got in (("colour", measure_colour(rec)), ("brightness", measure_brightness(rec))):
-    kept = collections.defaultdict(list)
-    for f, m in zip(d.facts, got):
-        kept[getattr(f, key)].append(m == getattr(f, key))
-    out[f"vq_round_trip_keeps_{key}"] = {k: round(sum(v) / len(v), 3) for k, v in sorted(kept.items())}
+kept = treatments_kept(rec, d.facts)
+for key in ("colour", "brightness"):
+    out[f"vq_round_trip_keeps_{key}"] = {k: round(v, 3) for k, v in kept[f"{key}_kept_by_value"].items()}
 
 
 def accuracy(net, data):

@@ -327,6 +327,20 @@ def captioned_photos(split: str = "train", n: int = 64, seed: int = 0, size: int
     return CaptionedPhotos(images, data.labels, tuple(facts), tuple(captions))
 
 
+CROP_SETS = ("photos", "captioned")  # what a recipe's ``data`` option names
+
+
+def crops(data: str, split: str, n: int, seed: int = 0, size: int = 64):
+    """``n`` crops of a recipe's ``data``: ``"photos"`` (:func:`vgen.data.photos.photos`) or ``"captioned"``
+    (:func:`captioned_photos`, treatments applied); either has ``images`` (uint8) and ``labels``."""
+    if data == "captioned":
+        return captioned_photos(split, n, seed=seed, size=size)
+    if data == "photos":
+        from vgen.data.photos import photos
+        return photos(split, n, seed=seed, size=size)
+    raise VGenError(f"recipe.data must be {' or '.join(CROP_SETS)}, got {data!r}")
+
+
 def _random_facts(rng: np.random.Generator, subject: str, heldout: tuple[str, str, str] | None = None) -> CropFacts:
     colour, brightness = draw_treatment(rng, subject, heldout)
     return CropFacts(subject, SCALES[int(rng.integers(3))], HORIZONTAL[int(rng.integers(3))],

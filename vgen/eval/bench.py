@@ -118,10 +118,8 @@ def plan(cfg) -> Plan:
     if cfg.repeats < 1:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
     from vgen import threads, validate
-    from vgen.eval import shapes
     validate.dtype(cfg.get("dtype"))
     threads.check(cfg.get("threads"))
-    shapes.check(cfg)
     if cfg.num_samples < 1:
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
     if cfg.fid_samples < 0 or cfg.fid_samples == 1:

@@ -5,8 +5,8 @@ XXL: ../shared/reference.md) are built with random weights at their real sizes (
 tokens, one class token) and measured per shape and dtype:
 
 * ``pass_cost``: one forward pass over w new tokens (w = 1, 2, 4, ... 32) at batch 1 on a half-filled KV cache,
-  relative to a pass over one token: the curve every speculative sampler's speed-up rides on (on a GPU a 16-token
-  pass costs about one token's while the step is memory-bound; on a small CPU it costs nearly 16);
+  relative to a pass over one token: the curve every speculative sampler's speed-up rides on (a wide pass is cheap
+  where the step is memory-bound, as on a GPU at small batch);
 * ``ar``: milliseconds per token of vgen's ``ar`` sampler against the official-style eager loop
   (:func:`vgen.samplers.llamagen_loop.llamagen_generate`) at each batch size, with CFG (both halves), and the peak
   memory of each.
@@ -52,10 +52,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _peak_mb(device: torch.device) -> float | None:
-    return torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None
-
-
 def build_shape(name: str, dtype: torch.dtype, device: torch.device):
     from vgen.models import build
     dim, n_layer, n_head = SHAPES[name]
@@ -91,6 +87,7 @@ def pass_cost(model, widths: list[int], repeats: int) -> dict[int, float]:
 @torch.inference_mode()
 def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
     """ms per token of vgen's ar and of the official-style loop at ``batch``, CFG 4 (both halves), top-k 0."""
+    from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     from vgen.samplers.llamagen_loop import llamagen_generate
     device = next(model.parameters()).device
@@ -99,16 +96,16 @@ def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
     for name, fn in (("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
                      ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))):
         secs = []
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        for r in range(repeats + 1):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if r:
-                secs.append(time.perf_counter() - t0)
-        out[name] = {"ms_per_token": 1e3 * statistics.median(secs) / (batch * TOKENS), "peak_mb": _peak_mb(device)}
+        with RssPeak() as peak:
+            for r in range(repeats + 1):
+                _sync(device)
+                t0 = time.perf_counter()
+                fn()
+                _sync(device)
+                if r:
+                    secs.append(time.perf_counter() - t0)
+        out[name] = {"ms_per_token": 1e3 * statistics.median(secs) / (batch * TOKENS), "peak_rss_mb": peak.peak,
+                     "peak_cuda_mb": peak.cuda_peak}
     out["speedup"] = out["official"]["ms_per_token"] / out["vgen"]["ms_per_token"]
     return out
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from vgen.data import NUM_CLASSES, photos
+from vgen.data import CROP_SETS, NUM_CLASSES, crops
 from vgen.eval.extractors import PhotoClassifier
 from vgen.train.common import RecipeConfig, recipe, start_run, train_loop
 
@@ -37,23 +37,13 @@ class PhotoTrainConfig(RecipeConfig):
     data: str = "photos"  # photos | captioned (the photos-t2i crops, treatments included)
 
 
-def _crops(data: str, split: str, n: int, seed: int, size: int):
-    if data == "captioned":
-        from vgen.data.captions import captioned_photos
-        d = captioned_photos(split, n, seed=seed, size=size)
-        return d.images, d.labels
-    if data != "photos":
-        raise ValueError(f"data must be photos or captioned, got {data!r}")
-    d = photos(split, n, seed=seed, size=size)
-    return d.images, d.labels
-
-
 @torch.no_grad()
 def evaluate(model: PhotoClassifier, n: int = 1024, seed: int = 0, batch: int = 128, data: str = "photos") -> dict:
     """Held-out (test-region) accuracy, per class, and the confusion matrix."""
     model.eval()
     device = next(model.parameters()).device
-    images, labels = _crops(data, "test", n, seed, model.image_size)
+    d = crops(data, "test", n, seed, model.image_size)
+    images, labels = d.images, d.labels
     preds = torch.cat([model(images[i:i + batch].to(device))[1].argmax(-1).cpu() for i in range(0, n, batch)])
     conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long)
     conf.index_put_((labels, preds), torch.ones_like(preds), accumulate=True)
@@ -64,9 +54,9 @@ def evaluate(model: PhotoClassifier, n: int = 1024, seed: int = 0, batch: int = 
 
 @recipe(PhotoTrainConfig)
 def train_photo(cfg: PhotoTrainConfig) -> dict:
-    if cfg.data not in ("photos", "captioned"):
+    if cfg.data not in CROP_SETS:
         from vgen.errors import VGenError
-        raise VGenError(f"recipe.data must be photos or captioned, got {cfg.data!r}")
+        raise VGenError(f"recipe.data must be {' or '.join(CROP_SETS)}, got {cfg.data!r}")
     run, device = start_run(cfg)
     model = PhotoClassifier(cfg.arch, NUM_CLASSES, cfg.image_size).to(device)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
@@ -75,7 +65,8 @@ def train_photo(cfg: PhotoTrainConfig) -> dict:
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
 
     def step_fn(step):
-        images, labels = _crops(cfg.data, "train", cfg.batch_size, cfg.seed * 1_000_003 + step, cfg.image_size)
+        d = crops(cfg.data, "train", cfg.batch_size, cfg.seed * 1_000_003 + step, cfg.image_size)
+        images, labels = d.images, d.labels
         images, labels = images.to(device), labels.to(device)
         _, logits = model(images)
         acc = float((logits.argmax(-1) == labels).float().mean())

@@ -155,7 +155,7 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
         needs += [(cfg.init_gpt, "GPT to start from", "gpt")]
     run, device = start_run(cfg, needs=tuple(needs))
     vq = load_official("vq", cfg.tokenizer, device=device).eval()
-    if init is not None and not (run.path / "text" / "tokenizer.json").exists():  # the caption tokenizer it was trained with
+    if init is not None and not (run.path / "text" / "tokenizer.json").exists():  # its caption tokenizer
         tmp = run.path / ".text.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(init / "text", tmp)
@@ -163,17 +163,18 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     text_folder = caption_tokenizer(run.path, cfg)
     tr_codes, tr_facts = captioned_codes(run.path, vq, "train", cfg.n_train, cfg.seed)
     te_codes, te_facts = captioned_codes(run.path, vq, "test", cfg.n_test, cfg.seed + 1)
-    if init is not None:
-        from vgen.kinds import read_checkpoint
+    if init is not None:  # the trained encoder (its weights travel in text/ with the tokenizer)
         from vgen.models.text import TextEncoder
         text = TextEncoder.load(text_folder, cfg.caption_tokens).train()
-        gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
+    else:
+        text = text_encoder(text_folder, cfg)
+    gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
+    if init is not None:  # every tensor, caption projection included
+        from vgen.kinds import read_checkpoint
         sd, _ = read_checkpoint(str(init / "gpt.safetensors"))
         gpt.load_state_dict({k: v.float() for k, v in sd.items()})
         copied = len(sd)
     else:
-        text = text_encoder(text_folder, cfg)
-        gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
         copied = init_from(gpt, cfg.init_gpt) if cfg.init_gpt else 0
     m = T2I(gpt, text).to(device)
     opt = adamw(m, cfg.lr, cfg.weight_decay)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from vgen.data import photos, to_model_range
+from vgen.data import CROP_SETS, crops, to_model_range
 from vgen.errors import VGenError
 from vgen.eval.psnr import psnr
 from vgen.tokenizers.vq import VQConfig, VQModel
@@ -44,13 +44,6 @@ class VQTrainConfig(RecipeConfig):
         decoder_ch_mult=[1, 2, 2], z_channels=64, ch=64))
 
 
-def _crops(data: str, split: str, n: int, seed: int):
-    if data == "captioned":
-        from vgen.data.captions import captioned_photos
-        return captioned_photos(split, n, seed=seed)
-    return photos(split, n, seed=seed)
-
-
 @torch.no_grad()
 def evaluate(model, n: int = 256, seed: int = 0, batch: int = 64, data: str = "photos") -> dict:
     """Test-split reconstruction PSNR and codebook usage of a tokenizer (VQ or multi-scale VQVAE: anything with
@@ -59,20 +52,19 @@ def evaluate(model, n: int = 256, seed: int = 0, batch: int = 64, data: str = "p
     from vgen.data import to_uint8
     model.eval()
     device = next(model.parameters()).device
-    crops = _crops(data, "test", n, seed)
-    data_images = crops.images
+    test = crops(data, "test", n, seed)
     recs, codes = [], []
     for i in range(0, n, batch):
-        x = to_model_range(data_images[i:i + batch].to(device))
+        x = to_model_range(test.images[i:i + batch].to(device))
         c = model.encode_to_codes(x)
         codes.append(c)
         recs.append(to_uint8(model.decode_codes(c)).cpu())
     codes = torch.cat(codes)
     usage = codes.unique().numel() / model.codebook_size
     recs = torch.cat(recs)
-    out = {"test_psnr": psnr(recs, data_images), "codebook_usage": usage}
+    out = {"test_psnr": psnr(recs, test.images), "codebook_usage": usage}
     if data == "captioned":
-        out.update(treatments_kept(recs, crops.facts))
+        out.update(treatments_kept(recs, test.facts))
     return out
 
 
@@ -92,8 +84,8 @@ def treatments_kept(images: torch.Tensor, facts) -> dict:
 
 @recipe(VQTrainConfig)
 def train_vq(cfg: VQTrainConfig) -> dict:
-    if cfg.data not in ("photos", "captioned"):
-        raise VGenError(f"recipe.data must be photos or captioned, got {cfg.data!r}")
+    if cfg.data not in CROP_SETS:
+        raise VGenError(f"recipe.data must be {' or '.join(CROP_SETS)}, got {cfg.data!r}")
     run, device = start_run(cfg, needs=((cfg.init, "VQ tokenizer to start from", "vq"),) if cfg.init else ())
     if cfg.init:
         from vgen.kinds import load_official
@@ -105,7 +97,7 @@ def train_vq(cfg: VQTrainConfig) -> dict:
     fwd = {}  # this step's encoder outputs and codes, for the restarts after the optimiser step
 
     def step_fn(step):
-        x = to_model_range(_crops(cfg.data, "train", cfg.batch_size, cfg.seed * 1_000_003 + step).images.to(device))
+        x = to_model_range(crops(cfg.data, "train", cfg.batch_size, cfg.seed * 1_000_003 + step).images.to(device))
         with autocast(device, cfg.precision):
             rec, zq, zp, fwd["idx"] = model(x)
         fwd["zp"] = zp
