@@ -18,7 +18,7 @@ LAYERS = [
     ("vgen.tokenizers",),
     ("vgen.kinds",),
     ("vgen.samplers",),
-    ("vgen.pipeline",),
+    ("vgen.pipeline", "vgen.hf_pipeline"),
     ("vgen.eval", "vgen.jobs"),
     ("vgen.train",),
     ("vgen.configs", "vgen.commands", "vgen.cli", "vgen.demo", "vgen.__main__", "vgen"),

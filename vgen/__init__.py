@@ -18,6 +18,7 @@ from vgen.errors import VGenError
 from vgen.cards import list_models
 from vgen.conditions import Labels, Prompts
 from vgen.pipeline import Generation, Pipeline, load_pipeline
+from vgen import hf_pipeline as _hf_pipeline  # noqa: F401,E402  (registers hf://... and the zoo's transformers models)
 from vgen.samplers import fitting_samplers, get_sampler, list_samplers, sample
 from vgen.version import __version__
 

@@ -68,9 +68,11 @@ def bench(cfg: DictConfig):
     from vgen import validate
     from vgen.configs import record_config
     from vgen.eval.bench import plan, report, run
-    from vgen.eval import shapes
+    from vgen.eval import hf_speed, shapes
     p = plan(cfg)  # every setting checked before anything is written or loaded
     measure_shapes = shapes.check(cfg)  # the released GPT shapes with random weights (+experiment=gpu)
+    measure_hf = hf_speed.check(cfg)  # Janus / Emu3 shapes against transformers' generate (+experiment=transformers)
+    measure_hf_zoo = hf_speed.check_zoo(cfg)  # samplers on the zoo's transformers model (photos-emu3)
     out = validate.outdir(cfg.outdir)
     record_config(cfg, out)
     rep = report(p, *run(p))
@@ -82,6 +84,15 @@ def bench(cfg: DictConfig):
         atomic_write_json(out / "bench.json", rep)
         md = (out / "bench.md").read_text() + "\n## Released GPT shapes (random weights)\n\n" + table + "\n"
         atomic_write_bytes(out / "bench.md", md.encode())
+    if measure_hf or measure_hf_zoo:
+        from vgen.io import atomic_write_bytes, atomic_write_json
+        rep["transformers"] = hf_speed.run(cfg)
+        rep["transformers_zoo"] = hf_speed.run_zoo(cfg)
+        table = hf_speed.markdown(rep["transformers"]) + "\n\n" + hf_speed.markdown_zoo(rep["transformers_zoo"])
+        print(table)
+        atomic_write_json(out / "bench.json", rep)
+        md = (out / "bench.md").read_text() + "\n## transformers' generate against vgen ar (random weights)\n\n" + table
+        atomic_write_bytes(out / "bench.md", (md + "\n").encode())
     return rep
 
 

@@ -90,6 +90,16 @@ class NextTokenModel(GenerativeModel, Protocol):
 
 
 @runtime_checkable
+class PromptTokenModel(NextTokenModel, Protocol):
+    """A next-token model conditioned on prompt token ids (``conditioning = "tokens"``: transformers' image
+    generators, :mod:`vgen.models.hf`). ``cond`` is (B, L) int64, prompts left-padded with -1; ``cond_len`` is the
+    prompt length of the call, bound by :meth:`prepare`, which every sampler calls first."""
+
+    def prepare(self, cond: torch.Tensor) -> tuple[PromptTokenModel, torch.Tensor]:
+        """Check the prompts (one-line errors) -> (a view of this model bound to them, the prompts as fed)."""
+
+
+@runtime_checkable
 class FeatureModel(NextTokenModel, Protocol):
     """A next-token model that also returns its last hidden states (before the final norm): what a trained draft
     head (EAGLE, :mod:`vgen.models.drafter`) reads. The drafter also uses ``tok_embeddings``, ``positions`` and
@@ -220,7 +230,8 @@ class ModelSpec:
     token_type: TokenType
     name: str = "this model"
     token_shape: tuple[int, ...] | None = None  # (h, w) image grid, (t, h, w) video grid; None: not known
-    conditioning: str = "class"  # class (class ids) | text (prompts through a text encoder): vgen.conditions
+    conditioning: str = "class"  # class (class ids) | text (prompts through a text encoder): vgen.conditions |
+                                 # tokens (prompt token ids (B, L), -1 = left padding: a PromptTokenModel)
 
     @property
     def is_video(self) -> bool:
@@ -259,9 +270,9 @@ class ModelSpec:
             return spec
         m = model_or_card
         shape = getattr(m, "token_shape", None)
-        text = getattr(m, "conditioning", "class") == "text"
-        return cls(Order(m.order), 0 if text else int(m.num_classes), m.token_type, type(m).__name__,
-                   tuple(shape) if shape is not None else None, "text" if text else "class")
+        kind = getattr(m, "conditioning", "class")
+        return cls(Order(m.order), int(m.num_classes) if kind == "class" else 0, m.token_type, type(m).__name__,
+                   tuple(shape) if shape is not None else None, kind)
 
     @classmethod
     def from_card(cls, card) -> ModelSpec:

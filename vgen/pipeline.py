@@ -267,9 +267,24 @@ class Pipeline:
                        batch_size=batch_size, prefix=prefix, draft=draft)
 
 
-def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
+_LOADERS: list[tuple] = []  # (accepts(name) -> bool, load(name, device=, dtype=, **options)): other pipeline kinds
+
+
+def register_loader(accepts, load) -> None:
+    """Let ``load_pipeline`` hand names ``accepts`` recognises to ``load`` (transformers models:
+    :mod:`vgen.hf_pipeline` registers ``hf://...`` and the zoo's transformers folders)."""
+    _LOADERS.append((accepts, load))
+
+
+def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, **options):
     """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
-    model in ``dtype`` (None: as stored)."""
+    model in ``dtype`` (None: as stored). ``hf://<hub id or save_pretrained folder>``: a transformers image
+    generator (Janus, Emu3; :mod:`vgen.hf_pipeline`; options ``height``, ``width``, ``negative_prompt``)."""
+    for accepts, load in _LOADERS:
+        if accepts(name):
+            return load(name, device=device, dtype=dtype, **options)
+    if options:
+        raise VGenError(f"unknown option(s) {sorted(options)} for a vgen pipeline (they are for hf:// models)")
     return Pipeline.from_pretrained(name, device=device, dtype=dtype)
 
 

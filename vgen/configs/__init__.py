@@ -126,6 +126,15 @@ class BenchSchema:
     cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
     shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
     pass_widths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # tokens per pass (pass_cost)
+    hf_models: list[str] = field(default_factory=list)  # on CUDA: Janus / Emu3 released shapes vs transformers' generate
+    hf_cpu_models: list[str] = field(default_factory=list)  # elsewhere: scaled copies (janus-cpu, emu3-cpu) instead
+    hf_batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    hf_repeats: int = 1  # timed runs per cell (after a warm-up when hf_warmup)
+    hf_warmup: bool = False
+    hf_dtype: Optional[str] = None  # null: bfloat16 on CUDA, float32 elsewhere
+    hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
+    hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
+    hf_zoo_samples: int = 8  # images per cell (the card's example prompts in turn)
 
 
 @dataclass
@@ -193,7 +202,8 @@ def register() -> None:
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
                                     VideoNARTrainConfig, VQTrainConfig, KLTrainConfig,
-                                    ContinuousTrainConfig, DrafterTrainConfig, CarDistillConfig, T2ITrainConfig)
+                                    ContinuousTrainConfig, DrafterTrainConfig, CarDistillConfig, T2ITrainConfig,
+                                    Emu3TrainConfig)
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)
@@ -219,3 +229,4 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_drafter", node=DrafterTrainConfig)
     cs.store(group="vgen_schema", name="recipe_car_distill", node=CarDistillConfig)
     cs.store(group="vgen_schema", name="recipe_t2i", node=T2ITrainConfig)
+    cs.store(group="vgen_schema", name="recipe_emu3", node=Emu3TrainConfig)

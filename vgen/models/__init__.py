@@ -14,6 +14,7 @@ from vgen.models.nar import NAR, NARConfig  # noqa: E402
 from vgen.models.nar_video import NARVideo, NARVideoConfig  # noqa: E402
 from vgen.models.video_gpt import VideoGPT, VideoGPTConfig  # noqa: E402
 from vgen.models.var import VAR, VARConfig  # noqa: E402
+from vgen.models.hf import from_transformers  # noqa: E402  (transformers' image generators, imported on use)
 
-__all__ = ["GPT", "GPTConfig", "CAR", "CARConfig", "MAR", "MARConfig", "NAR", "NARConfig", "NARVideo", "NARVideoConfig", "VideoGPT", "VideoGPTConfig", "VAR", "VARConfig", "build", "load_official", "list_kinds", "read_checkpoint", "detect_kind", "register_kind",
+__all__ = ["GPT", "GPTConfig", "CAR", "CARConfig", "MAR", "MARConfig", "NAR", "NARConfig", "NARVideo", "NARVideoConfig", "VideoGPT", "VideoGPTConfig", "VAR", "VARConfig", "build", "load_official", "from_transformers", "list_kinds", "read_checkpoint", "detect_kind", "register_kind",
            "GPT_PRESETS", "VQ_PRESETS"]

@@ -74,6 +74,8 @@ class Options:
     def compile_pays(self, model, samples: int, batch_size: int) -> bool:
         """``compile=auto``'s decision for a job of ``samples`` in batches of ``batch_size`` on ``model``: by
         default :func:`auto_compile` (a compiled decode step's saving against its warm-up)."""
+        if not getattr(model, "auto_compiles", True):  # e.g. a transformers model: compiled only when asked
+            return False
         return auto_compile(model.seq_len, samples, batch_size)
 
 
@@ -213,13 +215,15 @@ class Sampler:
         them (token P on is drawn exactly as if tokens < P had been drawn). ``draft``: the draft model of a sampler
         that needs one (``needs_draft``)."""
         spec = self.validate(model)
+        if spec.conditioning == "tokens":  # prompt token ids (B, L): the model binds a view to their length
+            model, cond = model.prepare(cond)
         if spec.conditioning == "text" and (not cond.is_floating_point() or cond.dim() != 3):
             raise VGenError(f"{spec.name} is a text model: its conditions are caption features (N, T, D), got a "
                             f"{cond.dtype} tensor of shape {tuple(cond.shape)}: sample through a pipeline with "
                             "prompts=[...]")
         if spec.conditioning == "class" and cond.is_floating_point():
             raise VGenError(f"{spec.name} is a class model: its conditions are class ids, got a {cond.dtype} tensor")
-        if cond.dtype in (torch.int32, torch.int64):
+        if spec.conditioning == "class" and cond.dtype in (torch.int32, torch.int64):
             bad = cond[(cond < 0) | (cond >= spec.num_classes)]
             if bad.numel():
                 raise VGenError(f"class id {int(bad[0])} out of range: this model has classes "
@@ -405,7 +409,15 @@ def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = F
                         f"{type(model).__name__}")
     s = get_sampler(sampler, model=model, **options)
     dev = next(model.parameters()).device
-    cond = as_cond(labels, dev)
+    if getattr(model, "conditioning", "class") == "tokens":  # prompt token ids (B, L), -1 = left padding
+        cond = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
+        if cond.dim() == 1:
+            cond = cond[None]
+        cond = cond.to(dev)
+    else:
+        cond = as_cond(labels, dev)
+    if codebook is None and s.needs_codebook and callable(getattr(model, "codebook", None)):
+        codebook = model.codebook()  # a model that carries its tokenizer (a transformers model's own VQ)
     seed = validate.seed(seed, cond.shape[0])
     return s(model, cond, [seed + i for i in range(cond.shape[0])], progress, codebook=codebook,
              batch_size=batch_size, prefix=prefix, draft=draft)

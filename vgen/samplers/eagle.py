@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from vgen.errors import VGenError
-from vgen.interfaces import ModelSpec
+from vgen.interfaces import FeatureModel, ModelSpec
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
@@ -402,6 +402,9 @@ class EagleSampler(SpeculativeSampler):
         return HeadChain(model, config, draft, slots)
 
     def check_draft(self, model, draft):
+        if not isinstance(model, FeatureModel):
+            raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
+                            "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
         if not isinstance(draft, Drafter):
             raise VGenError("sampler 'eagle' needs a draft head: pass drafter=<drafter.safetensors> (a Pipeline loads "
                             "the one its card names; train one with `vgen train recipe=drafter`)")

@@ -2,6 +2,7 @@
 from vgen.train.car_distill import CarDistillConfig, train_car_distill
 from vgen.train.continuous import ContinuousTrainConfig, train_continuous
 from vgen.train.drafter import DrafterTrainConfig, train_drafter
+from vgen.train.emu3 import Emu3TrainConfig, train_emu3
 from vgen.train.gpt import GPTTrainConfig, train_gpt
 from vgen.train.kl import KLTrainConfig, train_kl
 from vgen.train.msvq import MSVQTrainConfig, train_msvq
@@ -21,3 +22,4 @@ __all__ += ["ContinuousTrainConfig", "train_continuous"]
 __all__ += ["DrafterTrainConfig", "train_drafter"]
 __all__ += ["CarDistillConfig", "train_car_distill"]
 __all__ += ["T2ITrainConfig", "train_t2i"]
+__all__ += ["Emu3TrainConfig", "train_emu3"]

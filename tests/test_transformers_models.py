@@ -1,0 +1,373 @@
+"""transformers' image generators (Janus, Emu3) under vgen's samplers (vgen.models.hf): logits equal the model's own
+forward, greedy tokens equal transformers' generate(), the lossless samplers are exact (enumerated), SCD reproduces
+ar draw=gumbel, padding changes nothing, and bad input is refused before any forward pass."""
+import numpy as np
+import pytest
+import torch
+
+from exact import chi2_p, counts_of
+from vgen import sample
+from vgen.errors import VGenError
+from vgen.kernels.sampling import filter_probs
+from vgen.models import from_transformers
+from vgen.models.hf import shapes
+
+transformers = pytest.importorskip("transformers")
+
+
+def janus(**kw):
+    return shapes.janus(**kw)
+
+
+def emu3(**kw):
+    return shapes.emu3(**kw)
+
+
+def janus_reference_logits(m, prompt, codes):
+    """Teacher forcing through transformers' own modules: logits (B, L, V) of each code given the prompt and the
+    codes before it (the generation head over the language model's last hidden states)."""
+    inner = m.model
+    x = torch.cat([inner.language_model.get_input_embeddings()(prompt),
+                   inner.generation_aligner(inner.generation_embeddings(codes[:, :-1]))], 1)
+    h = inner.language_model(inputs_embeds=x).last_hidden_state
+    return inner.generation_head(h[:, prompt.shape[1] - 1:]).float()
+
+
+def emu3_sequence(codes, w, text=40, row_end=3):
+    b, n = codes.shape
+    rows = (codes + text).view(b, n // w, w)
+    return torch.cat([rows, rows.new_full((b, n // w, 1), row_end)], -1).flatten(1)
+
+
+def emu3_reference_logits(m, prompt, codes, w, text=40, n_codes=8):
+    """Teacher forcing on Emu3's own layout (row ends included) through its forward: the visual-token logits (B, L, V)
+    at the position before each code."""
+    seq = torch.cat([prompt, emu3_sequence(codes, w, text)], 1)
+    logits = m(input_ids=seq).logits
+    P, L = prompt.shape[1], codes.shape[1]
+    before = torch.tensor([P - 1 + i + i // w for i in range(L)])
+    return logits[:, before, text: text + n_codes].float()
+
+
+def adapter_logits(model, prompt, codes, chunk):
+    """The adapter's logits for every code, fed ``chunk`` codes per decode call (windows crossing row ends)."""
+    view, cond = model.prepare(prompt)
+    cache = view.new_cache(cond.shape[0])
+    out = [view.prefill(cond, cache)[:, None]]
+    L = codes.shape[1]
+    for s in range(0, L - 1, chunk):
+        e = min(L - 1, s + chunk)
+        pos = torch.arange(view.cond_len + s, view.cond_len + e)
+        out.append(view.decode(codes[:, s:e], pos, cache))
+    return torch.cat(out, 1)
+
+
+PROMPTS = torch.tensor([[0, 9, 11, 13, 3], [0, 17, 12, 5, 3]])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 15])
+def test_janus_logits_equal_its_own_forward(chunk):
+    m = janus(codes=8, grid=(4, 4))
+    codes = torch.randint(0, 8, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = janus_reference_logits(m, PROMPTS, codes)
+        got = adapter_logits(from_transformers(m), PROMPTS, codes, chunk)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 7, 11])
+def test_emu3_logits_equal_its_own_forward_with_row_ends(chunk):
+    """Windows of every width, crossing row ends anywhere: the forced row end is fed in the pass of its row's last
+    code and the logits after it are the next row's first code's."""
+    m = emu3(codes=8)
+    codes = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(1))
+    prompt = torch.tensor([[0, 10, 11, 12, 7, 9, 6], [0, 13, 14, 15, 7, 9, 6]])
+    with torch.no_grad():
+        ref = emu3_reference_logits(m, prompt, codes, w=4)
+        got = adapter_logits(from_transformers(m, height=3, width=4), prompt, codes, chunk)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+SAMPLERS = [("ar", {}), ("sjd", {"window": 4}), ("scd", {"window": 4}), ("gsd", {"window": 4}),
+            ("lantern", {"window": 4}), ("zipar", {})]
+
+
+@pytest.mark.parametrize("name,opts", SAMPLERS)
+def test_janus_greedy_equals_generate(name, opts):
+    """Greedy (top_k=1) with guidance 3: every sampler gives transformers' generate(generation_mode="image") tokens,
+    for a batch of two prompts."""
+    m = janus(codes=16, grid=(4, 4), std=0.2)
+    ref = m.generate(PROMPTS, attention_mask=torch.ones_like(PROMPTS), generation_mode="image", do_sample=False,
+                     guidance_scale=3.0)
+    tokens, _ = sample(from_transformers(m), PROMPTS, name, top_k=1, cfg_scale=3.0, **opts)
+    assert torch.equal(tokens, ref)
+
+
+@pytest.mark.parametrize("name,opts", SAMPLERS)
+@pytest.mark.parametrize("guided", [False, True])
+def test_emu3_greedy_equals_generate(name, opts, guided):
+    """Greedy with the row ends forced by prefix_allowed_tokens_fn, without CFG and with a negative prompt (which
+    transformers runs as a second, unbatched forward and vgen as batched rows)."""
+    m = emu3(codes=16, std=0.2)
+    H, W = 3, 4
+    prompt = torch.tensor([[0, 10, 11, 12, 7, 9, 6]])
+    neg = torch.tensor([[0, 13, 7, 9, 6]])
+    kw = dict(guidance_scale=3.0, negative_prompt_ids=neg) if guided else {}
+    out = m.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=(W + 1) * H + 3,
+                     prefix_allowed_tokens_fn=shapes.emu3_allowed(H, W, prompt.shape[1], list(range(40, 56))), **kw)
+    grid = out[:, prompt.shape[1]: prompt.shape[1] + (W + 1) * H].view(1, H, W + 1)
+    assert (grid[:, :, W] == 3).all() and out[0, -3:].tolist() == [4, 5, 2]
+    model = from_transformers(m, height=H, width=W, negative_prompt_ids=neg if guided else None)
+    tokens, _ = sample(model, prompt, name, top_k=1, cfg_scale=3.0 if guided else 1.0, **opts)
+    assert torch.equal(tokens, grid[:, :, :W].flatten(1) - 40)
+
+
+def test_emu3_logit_cfg_equals_transformers_log_softmax_cfg():
+    """vgen mixes logits (u + s (c - u)) over the visual tokens; transformers mixes log-softmaxes over the whole
+    vocabulary then masks to visual tokens: the same distribution (they differ by a constant per row)."""
+    g = torch.Generator().manual_seed(0)
+    c, u = torch.randn(4, 60, generator=g) * 3, torch.randn(4, 60, generator=g) * 3
+    vis = slice(40, 56)
+    s = 3.0
+    hf = s * (c.log_softmax(-1) - u.log_softmax(-1)) + u.log_softmax(-1)
+    ours = u[:, vis] + s * (c[:, vis] - u[:, vis])
+    assert torch.allclose(hf[:, vis].softmax(-1), ours.softmax(-1), atol=1e-6)
+    for k in (1, 5):
+        assert torch.allclose(filter_probs(hf[:, vis], top_k=k, temperature=0.7),
+                              filter_probs(ours, top_k=k, temperature=0.7), atol=1e-6)
+
+
+def enumerated(ref_logits, seqs, cfg, **opts):
+    """P(x) of every code sequence under the target (CFG-mixed, filtered) from teacher-forced logits."""
+    lc, lu = ref_logits
+    p = filter_probs(lu + cfg * (lc - lu), **opts)
+    return p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1).double().numpy()
+
+
+def all_sequences(V, L):
+    import itertools
+    return torch.tensor(list(itertools.product(range(V), repeat=L)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+@pytest.mark.parametrize("name,opts", [("ar", {}), ("sjd", {"window": 3}), ("scd", {"window": 3})])
+def test_lossless_samplers_are_exact(family, name, opts):
+    """Every 2 x 2 image over 3 codes enumerated from the model's own teacher-forced logits (transformers' modules,
+    no adapter); 20,000 samples match it (chi-square) and reject the unguided law (power)."""
+    V, N = 3, 20_000
+    seqs = all_sequences(V, 4)
+    with torch.no_grad():
+        if family == "janus":
+            m = janus(codes=V, grid=(2, 2), std=0.3)
+            model = from_transformers(m)
+            prompt = torch.tensor([[0, 9, 11, 3]])
+            null = model.null_cond(prompt)
+            ref = [janus_reference_logits(m, p.expand(len(seqs), -1), seqs) for p in (prompt, null)]
+        else:
+            m = emu3(codes=V, std=0.3)
+            model = from_transformers(m, height=2, width=2)
+            prompt = torch.tensor([[0, 10, 11, 7, 9, 6]])
+            ref = [emu3_reference_logits(m, p.expand(len(seqs), -1), seqs, w=2, n_codes=V)
+                   for p in (prompt, prompt[:, -1:])]
+    opts = dict(opts, cfg_scale=1.5, top_k=2, temperature=0.9)
+    joint = enumerated(ref, seqs, 1.5, top_k=2, temperature=0.9)
+    wrong = enumerated(ref, seqs, 1.0, top_k=2, temperature=0.9)
+    tokens, st = sample(model, prompt.expand(N, -1), name, seed=1, batch_size=5_000, **opts)
+    counts = counts_of(tokens, V)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, wrong) < 1e-6
+    assert counts[joint == 0].sum() == 0
+    if name != "ar":
+        assert st["accepted_per_step"] > 1.0
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+def test_scd_reproduces_ar_gumbel(family):
+    m = janus(codes=16, grid=(4, 4), std=0.2) if family == "janus" else emu3(codes=16, std=0.2)
+    model = from_transformers(m) if family == "janus" else from_transformers(m, height=4, width=4)
+    prompt = PROMPTS if family == "janus" else torch.tensor([[0, 10, 11, 7, 9, 6], [0, 12, 13, 7, 9, 6]])
+    a, _ = sample(model, prompt.repeat(3, 1), "ar", seed=4, draw="gumbel", cfg_scale=2.0, top_k=8)
+    b, st = sample(model, prompt.repeat(3, 1), "scd", seed=4, window=4, cfg_scale=2.0, top_k=8)
+    assert torch.equal(a, b)
+    assert st["accepted_per_step"] >= 1.0
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+@pytest.mark.parametrize("name", ["ar", "sjd"])
+def test_left_padding_changes_nothing(family, name):
+    """A prompt alone, and left-padded with -1 in a batch beside a longer prompt: the same logits and tokens."""
+    if family == "janus":
+        model = from_transformers(janus(codes=16, grid=(4, 4), std=0.2))
+        short, long_ = [0, 9, 11, 3], [0, 17, 12, 5, 8, 3]
+    else:
+        model = from_transformers(emu3(codes=16, std=0.2), height=3, width=4)
+        short, long_ = [0, 10, 7, 9, 6], [0, 12, 13, 14, 7, 9, 6]
+    alone, _ = sample(model, torch.tensor([short]), name, seed=7, cfg_scale=2.0, top_k=8, window=3) \
+        if name == "sjd" else sample(model, torch.tensor([short]), name, seed=7, cfg_scale=2.0, top_k=8)
+    batch = torch.tensor([long_, [-1] * (len(long_) - len(short)) + short])
+    kw = dict(window=3) if name == "sjd" else {}
+    both, _ = sample(model, batch, name, seed=6, cfg_scale=2.0, top_k=8, **kw)  # row 1 gets seed 7
+    assert torch.equal(both[1], alone[0])
+    codes = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        la = adapter_logits(model, torch.tensor([short]), codes, 5)
+        lb = adapter_logits(model, batch, codes.expand(2, -1), 5)[1:]
+    assert torch.allclose(la, lb, atol=1e-5)
+
+
+def test_bad_input_is_refused_before_generation():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with pytest.raises(VGenError, match="not an image generator"):
+        from_transformers(llama)
+    e = emu3()
+    with pytest.raises(VGenError, match="give height= and width="):
+        from_transformers(e)
+    j = from_transformers(janus(grid=(2, 2)))
+    with pytest.raises(VGenError, match="fixed 2 x 2 token grid"):
+        from_transformers(janus(grid=(2, 2)), height=3, width=3)
+    with pytest.raises(VGenError, match="padding must be on the left"):
+        sample(j, torch.tensor([[0, 5, -1]]))
+    with pytest.raises(VGenError, match="prompt ids must be in"):
+        sample(j, torch.tensor([[0, 5, 999]]))
+    with pytest.raises(VGenError, match="int64 tensor"):
+        sample(j, torch.rand(1, 4))
+    small = from_transformers(emu3(), height=2, width=2)
+    small.family.max_positions = 12
+    with pytest.raises(VGenError, match="exceeds Emu3's context of 12"):
+        sample(small, torch.tensor([[0] * 8]))
+    with pytest.raises(VGenError, match="reads the target.s hidden states"):
+        sample(j, torch.tensor([[0, 5, 3]]), "eagle")
+
+
+def test_decode_image_uses_the_models_own_vq():
+    m = janus(codes=8, grid=(2, 2))
+    px = from_transformers(m).decode_image(torch.tensor([[[1, 2], [3, 4]]]))
+    ref = m.model.vqmodel.decode(torch.tensor([[1, 2, 3, 4]])).clamp(-1, 1)
+    assert px.shape[:2] == (1, 3) and torch.equal(px, ref)
+    e = emu3(codes=8)
+    px = from_transformers(e, height=2, width=2).decode_image(torch.tensor([[[1, 2], [3, 4]]]))
+    seq = torch.tensor([[41, 42, 3, 43, 44, 3, 0, 0, 0]])
+    assert torch.equal(px, e.model.decode_image_tokens(seq, height=2, width=2).clamp(-1, 1))
+    assert np.isfinite(px.numpy()).all()
+
+
+def test_pipeline_from_a_save_pretrained_folder(tmp_path, monkeypatch):
+    """hf://<folder> loads the model with from_pretrained (no network), samples from prompt ids with any sampler
+    and decodes through the model's VQ; prompts without a processor, a missing folder / cache entry and a
+    non-generator model are one-line errors."""
+    import vgen
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    m = janus(codes=8, grid=(2, 2))
+    m.save_pretrained(tmp_path / "janus")
+    pipe = vgen.load_pipeline(f"hf://{tmp_path / 'janus'}")
+    ids = torch.tensor([[0, 9, 11, 3], [-1, 0, 12, 3]])
+    g = pipe.generate(input_ids=ids, sampler="sjd", seed=3, window=3)
+    assert g.pixels.dtype == torch.uint8 and g.pixels.shape[:2] == (2, 3) and g.tokens.shape == (2, 4)
+    ref, _ = sample(from_transformers(m), ids, "sjd", seed=3, window=3, cfg_scale=5.0)
+    assert torch.equal(g.tokens, ref)  # the card's cfg 5 filled in
+    with pytest.raises(VGenError, match="has no processor"):
+        pipe.generate(prompts=["a photo of the cat"])
+    with pytest.raises(VGenError, match="neither a folder nor in the local Hugging Face cache"):
+        vgen.load_pipeline("hf://nobody/no-such-model-here")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2)).save_pretrained(tmp_path / "llama")
+    with pytest.raises(VGenError, match="holds a 'llama' model"):
+        vgen.load_pipeline(f"hf://{tmp_path / 'llama'}")
+
+
+def test_warm_start_maps_llamagen_rope_pairs_to_transformers_halves():
+    """LlamaGen rotates interleaved channel pairs (2i, 2i+1); transformers rotates halves (i, i + d/2): the recipe's
+    row permutation of q / k makes the two rotations agree for the same angles."""
+    from transformers.models.emu3.modeling_emu3 import rotate_half
+
+    from vgen.models.gpt import apply_rope
+    heads, hd, dim = 2, 8, 16
+    g = torch.Generator().manual_seed(0)
+    wq, x = torch.randn(heads * hd, dim, generator=g), torch.randn(3, dim, generator=g)
+    ang = torch.rand(3, hd // 2, generator=g) * 6
+    rope = torch.stack([ang.cos(), ang.sin()], -1)  # (S, d/2, 2)
+    ours = apply_rope((x @ wq.T).view(1, 3, heads, hd), rope)[0]  # (S, H, d) interleaved
+    perm = wq.view(heads, hd // 2, 2, dim).transpose(1, 2).reshape(heads * hd, dim)  # as vgen.train.emu3.warm_start
+    q = (x @ perm.T).view(3, heads, hd)
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+    theirs = q * cos + rotate_half(q) * sin
+    back = ours.view(3, heads, hd // 2, 2).transpose(2, 3).reshape(3, heads, hd)
+    assert torch.allclose(theirs, back, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_emu3_recipe_runs_exports_and_loads(tmp_path):
+    """recipe=emu3 at toy size on photos-t2i's VQ and captions: save_pretrained folder, caption tokenizer, card; the
+    folder loads as a pipeline that samples from prompts with any sampler; training sequences follow Emu3's layout."""
+    from transformers import AutoTokenizer
+
+    from vgen.models.hf.emu3_zoo import N_SPECIAL, Layout, vocabulary
+    from vgen.hf_pipeline import load_zoo
+    from vgen.train.emu3 import Emu3TrainConfig, train_emu3
+    cfg = Emu3TrainConfig(out=str(tmp_path / "e"), steps=2, batch_size=2, n_train=8, n_test=4, save_every=1,
+                          warm_start=False, model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                       num_attention_heads=2, num_key_value_heads=2))
+    m = train_emu3(cfg)
+    assert m["steps"] == 2 and m["warm_start_tensors"] == 0
+    folder = tmp_path / "e" / "pipeline"
+    pipe = load_zoo(folder)
+    g = pipe.generate(prompts=["a photo of the cat", "a dark photo of the moon"], sampler="sjd", seed=0, window=3)
+    assert g.pixels.shape == (2, 3, 64, 64) and g.tokens.shape == (2, 256)
+    tok = AutoTokenizer.from_pretrained(str(folder / "text"))
+    _, sp = vocabulary(len(tok), 1024)
+    lay = Layout(tok, sp, 1024, (16, 16), 32)
+    assert lay.prompt(None) == [sp["<|bos|>"], sp["<|image start|>"], sp["<|image token|>"]]
+    seq = lay.image(torch.arange(256)[None] % 1024)[0]
+    assert (seq[16:16 * 17:17] == sp["<|extra_200|>"]).all() and seq[0] == len(tok) + N_SPECIAL
+    assert seq[-3:].tolist() == [sp["<|extra_201|>"], sp["<|image end|>"], sp["<|eos|>"]]
+
+
+def test_bench_experiment_checks_its_models_before_loading():
+    from omegaconf import OmegaConf
+
+    from vgen.eval import hf_speed
+    with pytest.raises(VGenError, match="unknown transformers shapes"):
+        hf_speed.check(OmegaConf.create({"device": "cpu", "hf_cpu_models": ["emu3-huge"]}))
+    with pytest.raises(VGenError, match="not a transformers zoo model"):
+        hf_speed.check_zoo(OmegaConf.create({"device": "cpu", "hf_zoo_models": ["photos-gpt"]}))
+    with pytest.raises(VGenError, match="unknown sampler"):
+        hf_speed.check_zoo(OmegaConf.create({"device": "cpu", "hf_zoo_models": [], "hf_samplers": ["nope"]}))
+    assert hf_speed.check(OmegaConf.create({"device": "cpu", "hf_models": ["emu3-gen"]})) == []  # CUDA-only list
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+def test_transformers_sampling_has_the_distribution_vgen_samples(family):
+    """transformers' own generate(do_sample=True) with CFG, top-k and temperature draws from the enumerated law vgen's
+    samplers are tested against (chi-square, with power against the unguided law): the two target the same
+    distribution, CFG mixing included (Emu3: log-softmax mixing in an unbatched second forward)."""
+    V, N = 3, 6_000
+    seqs = all_sequences(V, 4)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        if family == "janus":
+            m = janus(codes=V, grid=(2, 2), std=0.3)
+            prompt = torch.tensor([[0, 9, 11, 3]])
+            null = from_transformers(m).null_cond(prompt)
+            ref = [janus_reference_logits(m, p.expand(len(seqs), -1), seqs) for p in (prompt, null)]
+            x = prompt.expand(N, -1)
+            out = m.generate(x, attention_mask=torch.ones_like(x), generation_mode="image", do_sample=True,
+                             guidance_scale=1.5, top_k=2, temperature=0.9)
+        else:
+            m = emu3(codes=V, std=0.3)
+            prompt, neg = torch.tensor([[0, 10, 11, 7, 9, 6]]), torch.tensor([[0, 13, 7, 9, 6]])
+            ref = [emu3_reference_logits(m, p.expand(len(seqs), -1), seqs, w=2, n_codes=V) for p in (prompt, neg)]
+            x = prompt.expand(N, -1)
+            out = m.generate(x, attention_mask=torch.ones_like(x), do_sample=True, max_new_tokens=9,
+                             prefix_allowed_tokens_fn=shapes.emu3_allowed(2, 2, 6, [40, 41, 42]), top_k=2,
+                             temperature=0.9, guidance_scale=1.5, negative_prompt_ids=neg.expand(N, -1))
+            out = out[:, 6:12].view(N, 2, 3)[:, :, :2].reshape(N, 4) - 40
+    joint = enumerated(ref, seqs, 1.5, top_k=2, temperature=0.9)
+    wrong = enumerated(ref, seqs, 1.0, top_k=2, temperature=0.9)
+    counts = counts_of(out, V)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, wrong) < 1e-6

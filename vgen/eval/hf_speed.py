@@ -1,0 +1,237 @@
+"""vgen against transformers' own ``generate()`` on Janus and Emu3 shapes with random weights
+(``vgen bench +experiment=transformers``).
+
+AR speed depends on a model's shapes, not its weights, so each model is built with transformers' own config classes
+at the released shapes (``janus-pro-1b``, ``janus-pro-7b``, ``emu3-gen``: on CUDA) or at scaled copies that keep the
+released vocabularies and code books (``janus-cpu``, ``emu3-cpu``: elsewhere), and timed both ways per batch size,
+with CFG as users run it:
+
+* transformers: ``generate(generation_mode="image", guidance_scale=5)`` for Janus (batched CFG rows, a static cache);
+  ``generate(prefix_allowed_tokens_fn=..., guidance_scale=3, negative_prompt_ids=...)`` for Emu3 (the row ends forced
+  by the prefix function, the negative prompt run as a second, unbatched forward per token);
+* vgen: ``sample(from_transformers(model), input_ids, "ar", cfg_scale=...)``: one forward per token over the rows
+  [prompt; null] on vgen's static cache, the row ends fed in the pass of each row's last code.
+
+Seconds per image (median of ``repeats`` after a warm-up) and the ratio; both draw samples (``do_sample=True``).
+
+Then the speculative samplers on the zoo's trained model in one of these architectures (``hf_zoo_models``:
+photos-emu3), where acceptance means something: ``hf_samplers`` x ``hf_batch_sizes``, the card's example prompts in
+turn, seeds ``seed + i``, one untimed warm-up round then ``hf_repeats`` rounds over all cells (interleaved, so
+machine noise hits them alike): seconds, forward passes, tokens per pass and the ratio to ``ar`` at the same batch.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from vgen.errors import VGenError
+
+# name -> (family, shape): the released shapes (vgen.models.hf.shapes.RELEASED) and CPU-sized copies
+CPU = {"janus-cpu": dict(hidden=512, layers=8, heads=8, kv_heads=8, ffn=1408, vocab=102400, codes=16384,
+                         grid=(16, 16)),
+       "emu3-cpu": dict(hidden=512, layers=8, heads=8, kv_heads=2, ffn=1408, vocab=184622, codes=32768,
+                        grid=(16, 16))}
+PROMPT_LEN = 24
+
+
+def names() -> list[str]:
+    from vgen.models.hf.shapes import RELEASED
+    return [*RELEASED, *CPU]
+
+
+def check_zoo(cfg) -> list[tuple[str, str, dict]]:
+    """(model, setting, (sampler, options)) of the zoo part, checked: one-line errors before any weights load."""
+    from vgen.cards import ZOO_DIR
+    from vgen.eval.bench import parse_variant
+    from vgen.samplers import list_samplers
+    models = [str(m) for m in (cfg.get("hf_zoo_models") or [])]
+    for m in models:
+        if not (ZOO_DIR / m / "hf_pipeline.json").is_file():
+            raise VGenError(f"hf_zoo_models: {m} is not a transformers zoo model (vgen/zoo/<name>/hf_pipeline.json): "
+                            "train it with `vgen train recipe=emu3 recipe.install=true`")
+    settings = [str(v) for v in (cfg.get("hf_samplers") or ["ar"])]
+    out = []
+    for v in settings:
+        name, opts = parse_variant(v)
+        if name not in list_samplers():
+            raise VGenError(f"hf_samplers: unknown sampler {name!r}: choose from {', '.join(list_samplers())}")
+        out += [(m, v, (name, opts)) for m in models]
+    return out
+
+
+def check(cfg) -> list[str]:
+    """The models this run times (``hf_models`` on CUDA, ``hf_cpu_models`` elsewhere), checked: one-line errors."""
+    from vgen import validate
+    device = validate.device(cfg.device)
+    chosen = [str(s) for s in ((cfg.get("hf_models") or []) if device.type == "cuda" else
+                               (cfg.get("hf_cpu_models") or []))]
+    unknown = [s for s in chosen if s not in names()]
+    if unknown:
+        raise VGenError(f"unknown transformers shapes {unknown}: choose from {', '.join(names())}")
+    if chosen:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as e:  # pragma: no cover - a dependency
+            raise VGenError(f"timing transformers models needs the transformers package: {e}") from e
+    return chosen
+
+
+def shape(name: str) -> dict:
+    from vgen.models.hf.shapes import RELEASED
+    return {**RELEASED, **CPU}[name]
+
+
+def build(name: str, dtype: torch.dtype, device: torch.device):
+    """(transformers model, vgen model, prompt ids (1, PROMPT_LEN), generate kwargs for one image)."""
+    from vgen.models import from_transformers
+    from vgen.models.hf import shapes
+    s = shape(name)
+    common = dict(hidden=s["hidden"], layers=s["layers"], heads=s["heads"], kv_heads=s["kv_heads"], ffn=s["ffn"],
+                  codes=s["codes"], std=0.02)
+    h, w = s["grid"]
+    g = torch.Generator().manual_seed(0)
+    if name.startswith("janus"):
+        m = shapes.janus(vocab=s["vocab"], grid=(h, w), **common).to(device=device, dtype=dtype)
+        ids = torch.cat([torch.tensor([[shapes.JANUS_BOS]]), torch.randint(10, 1000, (1, PROMPT_LEN - 2), generator=g),
+                         torch.tensor([[shapes.JANUS_BOI]])], 1)
+        return m, from_transformers(m), ids.to(device), 5.0, dict(generation_mode="image", guidance_scale=5.0)
+    text = s["vocab"] - s["codes"]
+    m = shapes.emu3(text=text, **common).to(device=device, dtype=dtype)
+    ids = torch.cat([torch.tensor([[0]]), torch.randint(10, 1000, (1, PROMPT_LEN - 4), generator=g),
+                     torch.tensor([[7, 9, 6]])], 1)
+    neg = torch.cat([torch.tensor([[0]]), torch.randint(10, 1000, (1, 6), generator=g), torch.tensor([[7, 9, 6]])], 1)
+    visual = list(range(text, text + s["codes"]))
+    kw = dict(max_new_tokens=(w + 1) * h + 3, guidance_scale=3.0, negative_prompt_ids=neg.to(device),
+              prefix_allowed_tokens_fn=shapes.emu3_allowed(h, w, ids.shape[1], visual))
+    return m, from_transformers(m, height=h, width=w, negative_prompt_ids=neg.to(device)), ids.to(device), 3.0, kw
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def time_pair(m, model, ids, cfg: float, kw: dict, batch: int, repeats: int, warmup: bool = True) -> dict:
+    """Seconds per image of transformers' generate and of vgen's ar at ``batch`` (medians, after a warm-up run
+    when ``warmup``)."""
+    from vgen.eval.bench import RssPeak
+    from vgen.samplers import sample
+    device = ids.device
+    x = ids.expand(batch, -1).contiguous()
+    gen_kw = dict(kw)
+    if "negative_prompt_ids" in gen_kw:
+        gen_kw["negative_prompt_ids"] = gen_kw["negative_prompt_ids"].expand(batch, -1).contiguous()
+    out = {}
+    for who, fn in (("transformers", lambda: m.generate(x, attention_mask=torch.ones_like(x), do_sample=True,
+                                                        **gen_kw)),
+                    ("vgen", lambda: sample(model, x, "ar", seed=0, cfg_scale=cfg))):
+        secs = []
+        with RssPeak() as peak:
+            for r in range(repeats + int(warmup)):
+                _sync(device)
+                t0 = time.perf_counter()
+                fn()
+                _sync(device)
+                if r >= int(warmup):
+                    secs.append(time.perf_counter() - t0)
+        out[who] = {"seconds_per_image": statistics.median(secs) / batch, "peak_rss_mb": peak.peak,
+                    "peak_cuda_mb": peak.cuda_peak}
+    out["speedup"] = out["transformers"]["seconds_per_image"] / out["vgen"]["seconds_per_image"]
+    return out
+
+
+def run(cfg) -> dict:
+    from tqdm.auto import tqdm
+
+    from vgen import validate
+    device = validate.device(cfg.device)
+    dtype = validate.dtype(cfg.get("hf_dtype") or ("bfloat16" if device.type == "cuda" else "float32"))
+    repeats = max(1, int(cfg.get("hf_repeats") or 1))
+    result: dict = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "models": {}}
+    if device.type == "cuda":
+        result["gpu"] = torch.cuda.get_device_name(device)
+    for name in tqdm(check(cfg), desc="transformers shapes", leave=False):
+        m, model, ids, cfg_scale, kw = build(name, dtype, device)
+        s = shape(name)
+        result["models"][name] = {
+            "params_m": sum(p.numel() for p in m.parameters()) / 1e6, "grid": list(s["grid"]),
+            "batch": {str(b): time_pair(m, model, ids, cfg_scale, kw, int(b), repeats,
+                                                  bool(cfg.get("hf_warmup", True)))
+                      for b in (cfg.get("hf_batch_sizes") or [1, 8])}}
+        del m, model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+@torch.inference_mode()
+def run_zoo(cfg) -> dict:
+    """Every (zoo model, sampler setting, batch size), interleaved rounds: median seconds and the sampler's stats."""
+    from tqdm.auto import tqdm
+
+    from vgen import validate
+    from vgen.pipeline import load_pipeline
+    from vgen.samplers import sample
+    cells = check_zoo(cfg)
+    if not cells:
+        return {}
+    device = validate.device(cfg.device)
+    pipes = {m: load_pipeline(m, device=device) for m in {c[0] for c in cells}}
+    n, seed = int(cfg.get("hf_zoo_samples") or 8), int(cfg.get("seed") or 0)
+    batches = [int(b) for b in (cfg.get("hf_batch_sizes") or [1, 8])]
+    ids = {m: p.encode([p.examples[i % len(p.examples)] for i in range(n)]) for m, p in pipes.items()}
+    runs: dict = {(m, v, b): [] for m, v, _ in cells for b in batches}
+    repeats = max(1, int(cfg.get("hf_repeats") or 1))
+    with tqdm(total=len(runs) * (repeats + 1), desc="transformers zoo", leave=False) as bar:
+        for r in range(repeats + 1):
+            for m, v, (name, opts) in cells:
+                for b in batches:
+                    p = pipes[m]
+                    t0 = time.perf_counter()
+                    _, st = sample(p.model, ids[m], name, seed=seed, batch_size=b, **{**p.defaults, **opts})
+                    if r:
+                        runs[(m, v, b)].append({"seconds": time.perf_counter() - t0,
+                                                "forward_passes": st.get("forward_passes"),
+                                                "tokens_per_pass": st.get("accepted_per_step")})
+                    bar.update()
+    out: dict = {}
+    for (m, v, b), rs in runs.items():
+        out.setdefault(m, {}).setdefault(str(b), {})[v] = {
+            "seconds": statistics.median(x["seconds"] for x in rs), "forward_passes": rs[0]["forward_passes"],
+            "tokens_per_pass": rs[0]["tokens_per_pass"], "samples": n}
+    for m, by_b in out.items():
+        for b, by_v in by_b.items():
+            ar = next((e["seconds"] for v, e in by_v.items() if v.split(":")[0] == "ar"), None)
+            for e in by_v.values():
+                e["x_ar"] = ar / e["seconds"] if ar else None
+    return out
+
+
+def markdown_zoo(result: dict) -> str:
+    lines = []
+    for m, by_b in result.items():
+        lines += [f"**{m}** (samplers x batch size: seconds for the run, tokens per pass, x ar)", "",
+                  "| sampler | " + " | ".join(f"batch {b}" for b in by_b) + " |", "|---|" + "---|" * len(by_b)]
+        settings = list(next(iter(by_b.values())))
+        for v in settings:
+            lines.append(f"| {v} | " + " | ".join(
+                f"{by_b[b][v]['seconds']:.2f} s, {by_b[b][v]['tokens_per_pass'] or 1:.2f} tok/pass, "
+                f"{by_b[b][v]['x_ar'] or 0:.2f}x" for b in by_b) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    rows = list(result["models"].items())
+    if not rows:
+        return ""
+    batches = list(rows[0][1]["batch"])
+    lines = ["| model (random weights) | grid | " + " | ".join(
+        f"batch {b}: transformers / vgen s per image" for b in batches) + " |", "|---|---|" + "---|" * len(batches)]
+    lines += [f"| {n} ({e['params_m']:.0f}M) | {e['grid'][0]}x{e['grid'][1]} | " + " | ".join(
+        f"{e['batch'][b]['transformers']['seconds_per_image']:.2f} / {e['batch'][b]['vgen']['seconds_per_image']:.2f}"
+        f" ({e['batch'][b]['speedup']:.2f}x)" for b in batches) + " |" for n, e in rows]
+    return "\n".join(lines)

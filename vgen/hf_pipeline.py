@@ -1,0 +1,202 @@
+"""A pipeline over a transformers image generator: ``vgen.load_pipeline("hf://deepseek-ai/Janus-Pro-1B")`` (a hub id
+in the local cache; vgen never downloads) or ``"hf://<folder written by save_pretrained>"``.
+
+Prompts go through the model's own processor (Janus: its chat template, ``generation_mode="image"``; Emu3:
+``return_for_image_generation=True``, which also gives the grid), each prompt on its own (the same ids in any
+batch), left-padded with -1 to one length. Prompt token ids are accepted directly (``input_ids=``), with or
+without a processor. Images decode through the model's own VQ.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from vgen import validate
+from vgen.errors import VGenError
+from vgen.models.hf import TransformersModel, from_transformers
+from vgen.pipeline import Generation, register_loader
+
+# the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048)
+DEFAULTS = {"Janus": {"cfg_scale": 5.0}, "Emu3": {"cfg_scale": 3.0, "top_k": 2048}}
+EMU3_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                 "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
+
+
+def resolve(src: str) -> Path:
+    """A save_pretrained folder, or a hub id's snapshot in the local cache (one-line error otherwise)."""
+    p = Path(src).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise VGenError(f"{p} has no config.json: point hf:// at a folder written by save_pretrained or a hub id")
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(src, local_files_only=True))
+    except Exception as e:  # noqa: BLE001 - every failure is the same fix
+        raise VGenError(f"hf://{src} is neither a folder nor in the local Hugging Face cache: download it first "
+                        f"(`huggingface-cli download {src}`); vgen never downloads ({type(e).__name__})") from None
+
+
+def model_class(folder: Path):
+    kind = json.loads((folder / "config.json").read_text()).get("model_type")
+    import transformers
+    classes = {"janus": transformers.JanusForConditionalGeneration, "emu3": transformers.Emu3ForConditionalGeneration}
+    if kind not in classes:
+        raise VGenError(f"{folder} holds a {kind!r} model: vgen drives the transformers image generators "
+                        f"{', '.join(classes)} (Chameleon-based Lumina-mGPT / Anole: see docs/models/transformers.md)")
+    return classes[kind]
+
+
+class TransformersPipeline:
+    """A transformers image generator, its processor (None: prompt ids only) and vgen's adapter (``model``)."""
+
+    def __init__(self, hf_model, processor=None, height: int | None = None, width: int | None = None,
+                 negative_prompt: str | None = None, name: str = "", tokenize=None, decode_codes=None,
+                 defaults: dict | None = None, examples: list[str] | None = None, **family_options):
+        """``tokenize`` (a prompt -> ids (L,)) and ``decode_codes`` (codes (1, h, w) -> pixels in [-1, 1]) replace
+        the processor and the model's own VQ (the zoo's photos-emu3 uses its caption tokenizer and photos-t2i's
+        VQ); ``defaults``: the sampling settings filled in when not given; ``examples``: prompts for window=auto
+        and benchmarks."""
+        self.hf, self.processor, self.name = hf_model.eval(), processor, name or type(hf_model).__name__
+        self._tokenize, self._decode_codes, self.examples = tokenize, decode_codes, list(examples or [])
+        kw = dict(family_options)
+        is_emu3 = type(hf_model).__name__.startswith("Emu3")
+        if is_emu3 and "negative_prompt_ids" not in kw:
+            if (height is None or width is None) and processor is not None:
+                height, width = processor.calculate_generate_size(processor.ratio if hasattr(processor, "ratio")
+                                                                  else "1:1", getattr(processor, "image_area", 518400),
+                                                                  processor.downsample_ratio)
+            neg = EMU3_NEGATIVE if negative_prompt is None else negative_prompt
+            if processor is not None and neg:
+                kw["negative_prompt_ids"] = self._tokenize_emu3(neg, height, width)
+        self.model: TransformersModel = from_transformers(hf_model, height, width, **kw)
+        self.defaults = dict(DEFAULTS.get(self.model.family.name, {}) if defaults is None else defaults)
+
+    @property
+    def device(self):
+        return next(self.hf.parameters()).device
+
+    def _tokenize_emu3(self, text: str, h: int, w: int) -> torch.Tensor:
+        p = self.processor
+        ids = p.tokenizer(f"{p.tokenizer.bos_token or ''}{text}{p.image_start_token}{h}*{w}"
+                          f"{p.fake_token_around_image}", add_special_tokens=False, return_tensors="pt").input_ids
+        return ids[0]
+
+    def tokenize(self, prompt: str) -> torch.Tensor:
+        """One prompt -> its ids (L,) as the model's processor builds them for image generation."""
+        if self._tokenize is not None:
+            return torch.as_tensor(self._tokenize(prompt), dtype=torch.long)
+        if self.processor is None:
+            raise VGenError(f"{self.name} has no processor (tokenizer / processor files missing from its folder): "
+                            "pass prompt token ids with input_ids=..., or load a folder that has them")
+        if self.model.family.name == "Janus":
+            msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+            text = self.processor.apply_chat_template(msgs, add_generation_prompt=True)
+            return self.processor(text=text, generation_mode="image", return_tensors="pt").input_ids[0]
+        h, w = self.model.token_shape
+        return self._tokenize_emu3(prompt, h, w)
+
+    def encode(self, prompts: list[str]) -> torch.Tensor:
+        """Prompts -> ids (N, L), each tokenized alone, left-padded with -1."""
+        ids = [self.tokenize(p) for p in prompts]
+        L = max(len(x) for x in ids)
+        return torch.stack([torch.cat([x.new_full((L - len(x),), -1), x]) for x in ids]).to(self.device)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Codes (N, h*w) -> uint8 pixels (N, 3, H, W), one image at a time through the model's VQ."""
+        from vgen.data import to_uint8
+        h, w = self.model.token_shape
+        dec = self._decode_codes or self.model.decode_image
+        return torch.cat([to_uint8(dec(t.view(1, h, w).to(self.device))) for t in tokens]).cpu()
+
+    def generate(self, prompts=None, input_ids=None, sampler: str = "ar", seed: int = 0,
+                 batch_size: int | None = None, progress: bool = False, **options):
+        """Sample images for ``prompts`` (strings, through the processor) or ``input_ids`` ((N, L), -1 = left
+        padding) with any token sampler; the model card's settings fill options not given."""
+        from vgen.conditions import prompts as check_prompts
+        from vgen.samplers import sample
+        if (prompts is None) == (input_ids is None):
+            raise VGenError("give prompts=[...] or input_ids=<(N, L) tensor>, one of them")
+        texts = None
+        if prompts is not None:
+            texts = list(check_prompts(prompts).texts)
+            ids = self.encode(texts)
+        else:
+            ids = torch.as_tensor(input_ids)
+            ids = (ids[None] if ids.dim() == 1 else ids).to(self.device)
+        opts = {**self.defaults, **{k: v for k, v in options.items() if v is not None}}
+        seed = validate.seed(seed, ids.shape[0])
+        t0 = time.perf_counter()
+        tokens, stats = sample(self.model, ids, sampler, seed=seed, progress=progress, batch_size=batch_size, **opts)
+        tokens = tokens.cpu()
+        step_map = stats.pop("step_map", None)
+        t1 = time.perf_counter()
+        pixels = self.decode(tokens)
+        stats.update(sampler=sampler, options=opts, num_samples=ids.shape[0], sample_seconds=t1 - t0,
+                     decode_seconds=time.perf_counter() - t1)
+        return Generation(pixels, tokens, None, [seed + i for i in range(ids.shape[0])], stats,
+                          None if step_map is None else step_map.cpu(), texts)
+
+
+def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
+    """A zoo folder holding ``hf_pipeline.json`` (photos-emu3): the save_pretrained model (stored float16, loaded as
+    ``dtype``, default float32), its caption tokenizer and the VQ it decodes with."""
+    from transformers import AutoTokenizer, Emu3ForConditionalGeneration
+
+    from vgen.kinds import load_official
+    from vgen.models.hf.emu3_zoo import Layout
+    device, dtype = validate.device(device), validate.dtype(dtype)
+    card = json.loads((folder / "hf_pipeline.json").read_text())
+    missing = [f for f in (card["hf"], card["text_tokenizer"], card["tokenizer"]) if not (folder / f).exists()]
+    if missing:
+        raise VGenError(f"{folder} misses {', '.join(missing)}: train it again with `vgen train recipe=emu3 "
+                        "recipe.install=true`")
+    model = Emu3ForConditionalGeneration.from_pretrained(folder / card["hf"], local_files_only=True,
+                                                         dtype=dtype or torch.float32).to(device)
+    tok = AutoTokenizer.from_pretrained(str(folder / card["text_tokenizer"]))
+    vq = load_official(card["tokenizer_kind"], str(folder / card["tokenizer"]), device=device).eval()
+    h, w = card["token_shape"]
+    layout = Layout(tok, card["special"], card["vocab_size"], (h, w), card["caption_tokens"])
+    return TransformersPipeline(model, None, h, w, name=card.get("name", folder.name),
+                                tokenize=layout.prompt, decode_codes=lambda c: vq.decode(c).clamp(-1, 1),
+                                defaults=dict(card.get("sampling") or {}), examples=card.get("examples"),
+                                negative_prompt_ids=torch.tensor(layout.prompt(None)))
+
+
+def load(src: str, device="cpu", dtype=None, height: int | None = None, width: int | None = None,
+         negative_prompt: str | None = None) -> TransformersPipeline:
+    """``hf://``'s loader: the folder or cached hub id ``src``, its processor when it has one."""
+    device, dtype = validate.device(device), validate.dtype(dtype)
+    folder = resolve(src)
+    cls = model_class(folder)
+    model = cls.from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
+    model = model.to(device)
+    processor = None
+    try:
+        from transformers import AutoProcessor
+        processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no processor files: prompt ids only (prompts get a one-line error)
+        processor = None
+    kw = {}
+    gen = folder / "generation_config.json"  # transformers drops its generation_kwargs on load: read them here
+    if cls.__name__.startswith("Janus") and gen.is_file():
+        boi = (json.loads(gen.read_text()).get("generation_kwargs") or {}).get("boi_token_id")
+        if boi is not None:
+            kw["boi_token_id"] = int(boi)
+    return TransformersPipeline(model, processor, height, width, negative_prompt, name=src, **kw)
+
+
+def _zoo_folder(name) -> Path | None:
+    from vgen.cards import ZOO_DIR
+    folder = ZOO_DIR / str(name)
+    return folder if (folder / "hf_pipeline.json").is_file() else None
+
+
+register_loader(lambda name: isinstance(name, str) and name.startswith("hf://"),
+                lambda name, **kw: load(name[len("hf://"):], **kw))
+register_loader(lambda name: _zoo_folder(name) is not None,
+                lambda name, device="cpu", dtype=None: load_zoo(_zoo_folder(name), device=device, dtype=dtype))

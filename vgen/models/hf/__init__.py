@@ -1,0 +1,72 @@
+"""transformers' image-generating AR models as vgen next-token models, weights untouched (Janus / Janus-Pro, Emu3).
+
+``from_transformers(hf_model, height=None, width=None)`` wraps a loaded transformers model in
+:class:`TransformersModel`, a :class:`vgen.interfaces.NextTokenModel` every vgen token sampler drives (``ar``, ``sjd``,
+``scd``, ``gsd``, ``lantern``, ``zipar``). Nothing is copied or converted: the adapter calls the model's own decoder
+(``LlamaModel`` inside Janus, ``Emu3TextModel`` inside Emu3) with what speculative samplers need and transformers'
+``generate`` never asks for:
+
+* **vgen's static cache.** The decoder's attention layers call ``cache.update(k, v, layer_idx)``; the adapter hands them
+  a view of a :class:`TransformersCache` (a :class:`vgen.kernels.kv_cache.KVCache` whose slots are positions) that
+  writes the new keys at the slots the sampler chose and returns the filled prefix. Rollback is free: a slot past the
+  accepted prefix is masked until it is overwritten.
+* **Explicit 4-D boolean masks and per-row positions.** Windows, ZipAR's row-parallel masks and ragged rows go in as
+  the attention mask (transformers returns a 4-D mask unchanged) and ``position_ids`` (B, S).
+* **Batched CFG rows.** Rows [cond; null] share one forward pass, Emu3's negative prompt included (transformers runs
+  Emu3's unconditional branch as a second, unbatched forward per token).
+
+This keeps every sampler exact against the model's own forward (the same modules compute every logit) and costs one
+decoder call per pass; re-implementing each family's attention in vgen would be faster to compile but would have to
+track each family's RoPE and norm variants by hand.
+
+**Conditions** are prompt token ids (``conditioning = "tokens"``): an int64 tensor (B, L), the prompts of one call
+left-padded to one length with **negative ids** (-1) for padding. A padded row reads as the prompt alone (padding keys
+hidden, positions counted from its first real token). ``model.prepare(cond)`` (called by every sampler) binds a view
+of the model to the call's prompt length (``cond_len``) and checks the prompts before any forward pass.
+
+**Forced tokens.** A family may force a token after each grid row (Emu3's row end). The sampler never sees it: token
+i of the grid sits at vgen slot ``cond_len + i``; the adapter keeps the model's own slot layout underneath (row ends
+included), feeds the row end in the same pass as the row's last token and returns the logits after it. A forced
+token is never a draft to verify.
+
+Families register where they are defined (:func:`register_family`: :mod:`vgen.models.hf.janus`,
+:mod:`vgen.models.hf.emu3`).
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from vgen.errors import VGenError
+from vgen.models.hf.adapter import (Family, TransformersCache, TransformersModel, register_family,  # noqa: F401
+                                    registered)
+
+
+def _load_families() -> None:
+    from vgen.models.hf import emu3, janus  # noqa: F401  (each registers itself)
+
+
+def families() -> list[str]:
+    _load_families()
+    return [n for n, _, _ in registered()]
+
+
+def from_transformers(hf_model: nn.Module, height: int | None = None, width: int | None = None,
+                      **family_options) -> TransformersModel:
+    """A vgen next-token model over a transformers image generator (the same modules, no copy). ``height`` /
+    ``width``: the token grid (Emu3: required unless the model states it; Janus: its fixed grid). Family options:
+    Emu3's ``negative_prompt_ids`` (its CFG row; default: the prompt's last token, as transformers does)."""
+    _load_families()
+    if not isinstance(hf_model, nn.Module):
+        raise VGenError(f"from_transformers takes a loaded transformers model, got {type(hf_model).__name__}: "
+                        "load it with e.g. JanusForConditionalGeneration.from_pretrained(<folder>)")
+    for name, detect, wrap in registered():
+        if detect(hf_model):
+            return TransformersModel(wrap(hf_model, height, width, **family_options), hf_model)
+    kind = type(hf_model).__name__
+    if "Chameleon" in kind:
+        raise VGenError(f"{kind} is not supported: transformers' Chameleon masks its image-token logits and has no "
+                        "VQ decoder (Lumina-mGPT / Anole need both; see docs/models/transformers.md)")
+    raise VGenError(f"{kind} is not an image generator vgen can drive: supported are "
+                    f"{', '.join(families())} (JanusForConditionalGeneration, Emu3ForConditionalGeneration)")
+
+

@@ -1,0 +1,312 @@
+"""The transformers adapter's core (:mod:`vgen.models.hf` explains it): :class:`Family`, the per-architecture facts a
+family module builds; :class:`TransformersModel`, the next-token model; :class:`TransformersCache`, vgen's static
+cache in the model's own slot layout."""
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from vgen.errors import VGenError
+from vgen.interfaces import Order, TokenType
+from vgen.kernels.kv_cache import KVCache
+
+
+@dataclass
+class Family:
+    """What the adapter needs from one transformers architecture (built by its family's ``wrap``)."""
+    name: str
+    decoder: nn.Module                                  # the transformer: inputs_embeds -> last_hidden_state (normed)
+    embed_prompt: Callable[[torch.Tensor], torch.Tensor]  # prompt ids (B, L) -> (B, L, d)
+    embed_codes: Callable[[torch.Tensor], torch.Tensor]   # image codes (B, S) -> (B, S, d)
+    logits: Callable[[torch.Tensor], torch.Tensor]        # hidden (..., d) -> image-code logits (..., V)
+    vocab_size: int                                     # image codes
+    grid: tuple[int, int]                               # (h, w) codes
+    null_prompt: Callable[[torch.Tensor], torch.Tensor]   # prompt ids (B, L), -1 = padding -> the CFG row (B, L')
+    pad_id: int                                         # the id fed at padded slots (hidden anyway)
+    text_vocab: int                                     # valid prompt ids: 0..text_vocab-1
+    max_positions: int | None = None                    # the model's context (positions), None: unbounded
+    row_end: int | None = None                          # a token forced after each grid row (its id), or None
+    decode_image: Callable[[torch.Tensor], torch.Tensor] | None = None  # codes (B, h, w) -> pixels [-1, 1] (B, 3, H, W)
+    codebook: Callable[[], torch.Tensor] | None = None   # the VQ's code vectors (V, d): gsd / lantern's similarity
+    config: dict | None = None                          # what identifies the shapes (pass-cost tables)
+
+
+_FAMILIES: list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]] = []
+
+
+def registered() -> list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]]:
+    """The registered families: (name, detect, wrap), in registration order."""
+    return list(_FAMILIES)
+
+
+def register_family(name: str, detect: Callable[[nn.Module], bool], wrap: Callable[..., Family]) -> None:
+    """Make ``from_transformers`` accept models ``detect`` recognises: ``wrap(hf_model, height, width) -> Family``."""
+    _FAMILIES.append((name, detect, wrap))
+
+
+class TransformersCache(KVCache):
+    """vgen's static KV cache for a transformers decoder. Masks, ``limit`` and ``bucket`` speak vgen's slots (prompt
+    slots, then one slot per grid token); the keys live in the model's own layout underneath (a row-end slot after
+    each grid row when the family forces one, and one scratch slot no query ever reads). ``pad`` (B,): each row's
+    left padding, set by the prefill."""
+
+    def __init__(self, layout: _Layout, n_layer: int, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        self.layout = layout
+        self.hf_max = layout.hf_len(max_len) + 1  # + the scratch slot
+        super().__init__(n_layer, batch_size, n_kv_head, self.hf_max, head_dim, dtype, device)
+        self.max_len = max_len
+        self.slots = torch.arange(max_len, device=device)
+        self.length = max_len
+        self.hf_length = self.hf_max
+        self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)
+
+    def limit(self, n: int | None) -> None:
+        super().limit(n)
+        self.hf_length = self.hf_max if n is None else min(self.hf_max - 1, self.layout.hf_len(self.length))
+
+    def write_at(self, slots) -> None:
+        if slots is not None:
+            raise VGenError("tree passes (eagle) are not supported on transformers models")
+
+    def move(self, src, dst) -> None:
+        raise VGenError("tree passes (eagle) are not supported on transformers models")
+
+    def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, H, S, D) at model slots ``input_pos`` ((S,) or (B, S)); K, V over the readable slots."""
+        kc, vc = self.k[layer], self.v[layer]
+        if input_pos.dim() == 1:
+            kc[:, :, input_pos] = k
+            vc[:, :, input_pos] = v
+        else:
+            b = self.rows[: k.shape[0], None]
+            kc[b, :, input_pos] = k.transpose(1, 2)
+            vc[b, :, input_pos] = v.transpose(1, 2)
+        return kc[:, :, : self.hf_length], vc[:, :, : self.hf_length]
+
+
+class _CacheView:
+    """What a transformers attention layer calls: ``update(k, v, layer_idx)`` writes at this pass's slots."""
+
+    def __init__(self, cache: TransformersCache, pos: torch.Tensor):
+        self.cache, self.pos = cache, pos
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.cache.update(layer_idx, self.pos, key_states, value_states)
+
+
+class _Layout:
+    """vgen slots -> the model's slots for prompts of ``C`` tokens and a grid ``w`` codes wide with a forced token
+    after each row (``row_end``) or none."""
+
+    def __init__(self, C: int, w: int, row_end: bool):
+        self.C, self.w, self.row_end = C, w, row_end
+
+    def slot(self, s):
+        """The model slot of vgen slot ``s`` (an int or a tensor)."""
+        if not self.row_end:
+            return s
+        img = s - self.C
+        return s + (img.clamp_min(0) if isinstance(img, torch.Tensor) else max(img, 0)) // self.w
+
+    def hf_len(self, n: int) -> int:
+        """Model slots that cover vgen slots [0, n), with the row end after slot n - 1 when it ends a row."""
+        if n <= self.C or not self.row_end:
+            return n
+        last = n - 1
+        return self.slot(last) + 1 + int((last - self.C) % self.w == self.w - 1)
+
+    def columns(self, hf_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each model slot < hf_len: the vgen slot whose visibility it takes (a row end: its row's last token)
+        and whether it is a row end."""
+        t = torch.arange(hf_len, device=device)
+        if not self.row_end:
+            return t, torch.zeros_like(t, dtype=torch.bool)
+        img = (t - self.C).clamp_min(0)
+        row, col = img // (self.w + 1), img % (self.w + 1)
+        is_end = (t >= self.C) & (col == self.w)
+        src = torch.where(t < self.C, t, self.C + row * self.w + col.clamp_max(self.w - 1))
+        return src, is_end
+
+
+class TransformersModel(nn.Module):
+    """A :class:`vgen.interfaces.NextTokenModel` over a transformers image generator (see the module docstring).
+    ``hf`` is the wrapped model itself (its parameters are this module's)."""
+    order = Order.NEXT_TOKEN
+    num_classes = 0
+    conditioning = "tokens"
+    auto_compiles = False  # compile=auto leaves transformers' forward eager (compile=true still compiles)
+
+    def __init__(self, family: Family, hf_model: nn.Module):
+        super().__init__()
+        self.family = family
+        self.hf = hf_model
+        self.cond_len = 0  # bound per call by prepare()
+        self.examples = None
+        params = inspect.signature(family.decoder.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        cfg = family.decoder.config
+        self._n_layer = cfg.num_hidden_layers
+        self._n_kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self._eager = getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2",
+                                                                            "flex_attention")
+
+    # ---- what samplers read -----------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.family.vocab_size
+
+    @property
+    def token_shape(self) -> tuple[int, int]:
+        return self.family.grid
+
+    @property
+    def seq_len(self) -> int:
+        return self.family.grid[0] * self.family.grid[1]
+
+    @property
+    def token_type(self) -> TokenType:
+        return TokenType.codes(self.family.vocab_size)
+
+    def config_dict(self) -> dict:
+        return {"family": self.family.name, "grid": list(self.family.grid), "cond_len": self.cond_len,
+                **(self.family.config or {})}
+
+    def codebook(self) -> torch.Tensor:
+        """The model's own VQ codebook (V, d): what gsd and lantern measure token similarity in."""
+        if self.family.codebook is None:
+            raise VGenError(f"{self.family.name} exposes no VQ codebook: pass codebook= to the sampler")
+        return self.family.codebook()
+
+    def decode_image(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes (B, h, w) -> pixels in [-1, 1] (B, 3, H, W) through the model's own VQ decoder."""
+        return self.family.decode_image(codes)
+
+    def _layout(self) -> _Layout:
+        return _Layout(self.cond_len, self.family.grid[1], self.family.row_end is not None)
+
+    # ---- conditions -----------------------------------------------------------------------------------------
+    def prepare(self, cond: torch.Tensor) -> tuple[TransformersModel, torch.Tensor]:
+        """Check prompt ids (B, L) (-1 = left padding) and bind a view of this model to them: (view, cond), the
+        prompts left-padded further when the null prompt (Emu3's negative prompt) is longer. One-line errors before
+        any forward pass."""
+        if not isinstance(cond, torch.Tensor) or cond.dim() != 2 or cond.is_floating_point() or cond.dtype == torch.bool:
+            shape = tuple(cond.shape) if isinstance(cond, torch.Tensor) else type(cond).__name__
+            raise VGenError(f"{self.family.name} reads prompt token ids: give an int64 tensor (B, L) of equal-length "
+                            f"prompts (-1 = left padding), got {getattr(cond, 'dtype', '')} {shape}")
+        cond = cond.long()
+        if cond.shape[1] == 0:
+            raise VGenError("the prompts are empty: give at least one token per prompt")
+        valid = cond >= 0
+        if not bool(valid[:, -1].all()) or bool((valid[:, :-1] & ~valid[:, 1:]).any()):
+            raise VGenError("prompt padding must be on the left (-1 before the first real token) and every prompt "
+                            "needs a last real token")
+        if int(cond.max()) >= self.family.text_vocab or bool((cond < -1).any()):
+            raise VGenError(f"prompt ids must be in 0..{self.family.text_vocab - 1} (-1 = padding): tokenize with "
+                            "this model's processor")
+        null = self.family.null_prompt(cond)
+        L = max(cond.shape[1], null.shape[1])
+        if cond.shape[1] < L:
+            cond = torch.cat([cond.new_full((cond.shape[0], L - cond.shape[1]), -1), cond], 1)
+        hf_len = _Layout(L, self.family.grid[1], self.family.row_end is not None).hf_len(L + self.seq_len)
+        if self.family.max_positions is not None and hf_len > self.family.max_positions:
+            raise VGenError(f"a {L}-token prompt plus the {hf_len - L} image positions exceeds {self.family.name}'s "
+                            f"context of {self.family.max_positions} positions: shorten the prompt")
+        view = self if L == self.cond_len else copy.copy(self)
+        view.cond_len = L
+        view.examples = cond[:1]
+        return view, cond
+
+    def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
+        """The CFG row of each prompt (Janus: every token but BOS and begin-of-image padded, as transformers does;
+        Emu3: the negative prompt, or the prompt's last token), left-padded to the prompts' length."""
+        null = self.family.null_prompt(cond)
+        if null.shape[1] > cond.shape[1]:
+            raise VGenError("the null prompt is longer than the prompts: call model.prepare(cond) first")
+        return torch.cat([null.new_full((null.shape[0], cond.shape[1] - null.shape[1]), -1), null], 1)
+
+    # ---- cache and passes -----------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int, max_len: int | None = None, dtype=None, device=None) -> TransformersCache:
+        w = next(self.hf.parameters())
+        return TransformersCache(self._layout(), self._n_layer, batch_size, self._n_kv,
+                                 max_len or self.cond_len + self.seq_len, self._head_dim, dtype or w.dtype,
+                                 device or w.device)
+
+    def _run(self, x: torch.Tensor, slots: torch.Tensor, rope_pos: torch.Tensor, mask: torch.Tensor,
+             cache: TransformersCache) -> torch.Tensor:
+        """The decoder over embeddings x (B, S, d) written at model slots ``slots`` ((S,) or (B, S)) with RoPE
+        positions (B, S) and a boolean mask (B or 1, 1, S, readable model slots): the last hidden states (normed)."""
+        if self._eager:
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, torch.finfo(x.dtype).min)
+        out = self.family.decoder(inputs_embeds=x, attention_mask=mask, position_ids=rope_pos, use_cache=True,
+                                  **{self._cache_kw: _CacheView(cache, slots)})
+        return out.last_hidden_state
+
+    def prefill(self, cond: torch.Tensor, cache: TransformersCache) -> torch.Tensor:
+        """Prompts (B, C) (-1 = left padding) -> logits (B, V) for grid token 0; fills the prompt slots."""
+        valid = cond >= 0
+        cache.pad = (~valid).sum(1)
+        cache.mask_keys(valid)
+        C = cond.shape[1]
+        pos = torch.arange(C, device=cond.device)
+        x = self.family.embed_prompt(torch.where(valid, cond, self.family.pad_id))
+        mask = cache.causal_mask(pos) | (cache.slots[: cache.length] == pos[:, None])[None, None]
+        mask = cache.visible(mask)
+        cols, _ = cache.layout.columns(cache.hf_length, cond.device)
+        h = self._run(x, pos, (pos[None] - cache.pad[:, None]).clamp_min(0), mask[..., cols.clamp_max(mask.shape[-1] - 1)]
+                      & (cols < mask.shape[-1]), cache)
+        return self.family.logits(h[:, -1]).float()
+
+    def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: TransformersCache,
+               attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Grid codes (B, S) at vgen slots ``input_pos`` ((S,) or (B, S); code i at cond_len + i) -> logits
+        (B, S, V), each the distribution of the next code (after a forced row end where one follows)."""
+        B, S = tokens.shape
+        mask = cache.visible(cache.causal_mask(input_pos) if attn_mask is None else attn_mask)
+        lay = cache.layout
+        x = self.family.embed_codes(tokens)
+        hf_len = cache.hf_length
+        cols, is_end = lay.columns(hf_len, tokens.device)
+        n_v = mask.shape[-1]
+        ok = cols < n_v
+        cols = cols.clamp_max(n_v - 1)
+        pos = input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, -1)
+        slots = lay.slot(pos)
+        k = 0
+        if lay.row_end:
+            ends = ((pos - lay.C) % lay.w == lay.w - 1) & (pos >= lay.C)
+            k = int(ends.sum(1).max())  # host read: how many row ends this pass feeds (0 on most AR steps)
+        if k == 0:
+            m = mask[..., cols] & ok
+            hide = is_end[None, None, :] & (slots[:, :, None] + 1 == torch.arange(hf_len, device=tokens.device))
+            m = m & ~hide[:, None]
+            h = self._run(x, slots if input_pos.dim() == 2 else lay.slot(input_pos),
+                          slots - cache.pad[:, None], m, cache)
+            return self.family.logits(h).float()
+        # feed the forced row end after each row's last code in this pass: k extra queries per row
+        ar = torch.arange(S, device=tokens.device)
+        order = torch.where(ends, ar, S).sort(1).values[:, :k]       # (B, k) the row-ending queries, in order
+        real = order < S
+        src = order.clamp_max(S - 1)
+        scratch = cache.hf_max - 1
+        end_slots = torch.where(real, slots.gather(1, src) + 1, scratch)
+        all_slots = torch.cat([slots, end_slots], 1)                  # (B, S + k)
+        xe = self.family.embed_prompt(torch.full((B, k), self.family.row_end, device=tokens.device))
+        mrows = mask.expand(B, -1, -1, -1)
+        mrows = torch.cat([mrows, mrows.gather(2, src[:, None, :, None].expand(-1, 1, -1, n_v))], 2)
+        m = mrows[..., cols] & ok
+        hide = is_end[None, None, :] & (all_slots[:, :, None] + 1 == torch.arange(hf_len, device=tokens.device))
+        hide[:, S:] = False  # a row end reads itself
+        m = m & ~hide[:, None]
+        h = self._run(torch.cat([x, xe], 1), all_slots, all_slots - cache.pad[:, None], m, cache)
+        logits = self.family.logits(h).float()
+        out = logits[:, :S].clone()
+        rows = torch.arange(B, device=tokens.device)[:, None].expand(-1, k)
+        out[rows[real], src[real]] = logits[:, S:][real]
+        return out

@@ -1,0 +1,85 @@
+"""Emu3 (transformers' ``Emu3ForConditionalGeneration``) as a vgen next-token model.
+
+Emu3 writes an image as rows of visual tokens (``<|visual token k|>``, code k) with a row-end token
+(``<|extra_200|>``) after each row, then end-of-frame / end-of-image / EOS. vgen samples the (height, width) grid of
+codes; the adapter forces the row ends (:mod:`vgen.models.hf`: the model sees its own layout, the sampler never
+drafts a forced token). Logits are the language-model head's rows of the visual tokens (a view of the weight when
+they are contiguous, as in the released vocabulary), so sampling over them equals transformers' sampling restricted
+to visual tokens by ``prefix_allowed_tokens_fn``. CFG: rows [prompt; negative prompt] in one batch, mixing logits
+``u + s (c - u)``; transformers mixes log-softmaxes of the full vocabulary in a second, unbatched forward, which
+differs by a constant per row (the same distribution). Without a negative prompt the CFG row is the prompt's last
+token, as in transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor``.
+"""
+from __future__ import annotations
+
+import torch
+
+from vgen.errors import VGenError
+from vgen.models.hf.adapter import Family, register_family
+
+
+def _is_emu3(m) -> bool:
+    from transformers import Emu3ForConditionalGeneration
+    return isinstance(m, Emu3ForConditionalGeneration)
+
+
+def wrap(m, height: int | None = None, width: int | None = None, negative_prompt_ids=None) -> Family:
+    if height is None or width is None:
+        raise VGenError("Emu3 generates any grid: give height= and width= in tokens (the processor's image size / 8; "
+                        "the released model's default 720 px is 90 x 90)")
+    if int(height) < 1 or int(width) < 1:
+        raise VGenError(f"height and width must be >= 1 tokens, got {height} x {width}")
+    vm = m.model.vocabulary_mapping
+    img2bpe = vm.img2bpe
+    codes = len(img2bpe)
+    if codes == 0 or vm.eol_token_id is None:
+        raise VGenError("this Emu3 model's vocabulary_map has no visual tokens or no row-end token <|extra_200|>")
+    ids = torch.tensor([img2bpe[k] for k in range(codes)], dtype=torch.long)
+    text = m.model.text_model
+    head = m.lm_head
+    contiguous = bool((ids == ids[0] + torch.arange(codes)).all())
+    lo = int(ids[0])
+    neg = None
+    if negative_prompt_ids is not None:
+        neg = torch.as_tensor(negative_prompt_ids, dtype=torch.long).reshape(1, -1)
+        if neg.numel() == 0:
+            raise VGenError("negative_prompt_ids is empty")
+    vocab_map = torch.zeros(codes, dtype=torch.long)
+    vocab_map[:] = ids
+
+    def embed_codes(t: torch.Tensor) -> torch.Tensor:
+        return text.embed_tokens(vocab_map.to(t.device)[t])
+
+    if contiguous:
+        def logits(h: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(h, head.weight[lo: lo + codes])
+    else:
+        rows = head.weight.detach()[ids]  # one gather at wrap time (the released vocabulary never needs it)
+
+        def logits(h: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.linear(h, rows.to(h.device))
+
+    def null_prompt(cond: torch.Tensor) -> torch.Tensor:
+        if neg is not None:
+            return neg.to(cond.device).expand(cond.shape[0], -1)
+        return cond[:, -1:]
+
+    def decode_image(grid: torch.Tensor) -> torch.Tensor:
+        b, h, w = grid.shape
+        seq = torch.cat([vocab_map.to(grid.device)[grid], grid.new_full((b, h, 1), vm.eol_token_id)], -1).flatten(1)
+        seq = torch.cat([seq, seq.new_zeros(b, 3)], 1)  # eof, eoi, eos: dropped by decode_image_tokens
+        return m.model.decode_image_tokens(seq, height=h, width=w).clamp(-1, 1)
+
+    tc = text.config
+    return Family(
+        name="Emu3", decoder=text, embed_prompt=text.embed_tokens, embed_codes=embed_codes, logits=logits,
+        vocab_size=codes, grid=(int(height), int(width)), null_prompt=null_prompt,
+        pad_id=int(tc.pad_token_id if tc.pad_token_id is not None else 0), text_vocab=int(tc.vocab_size),
+        max_positions=getattr(tc, "max_position_embeddings", None),
+        codebook=lambda: m.model.vqmodel.quantize.embedding.weight.detach(), row_end=int(vm.eol_token_id),
+        decode_image=decode_image,
+        config={"hidden": tc.hidden_size, "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
+                "vocab": codes, "negative": None if neg is None else neg.tolist()})
+
+
+register_family("emu3", _is_emu3, wrap)

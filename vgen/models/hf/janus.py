@@ -1,0 +1,72 @@
+"""Janus / Janus-Pro (transformers' ``JanusForConditionalGeneration``) as a vgen next-token model.
+
+Image tokens come from ``generation_head`` over the language model's last (normed) hidden state; a drawn code goes
+back in through ``generation_embeddings`` + ``generation_aligner``; prompts through the language model's own token
+embeddings. The CFG row is the prompt with every token but BOS and begin-of-image replaced by the pad token (what
+``generate(generation_mode="image")`` builds). The grid is the model's (``vision_config.num_image_tokens``: 24 x 24
+at 384 px); codes are ids into the VQ's codebook, decoded by the model's own VQ.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vgen.errors import VGenError
+from vgen.models.hf.adapter import Family, register_family
+
+
+def _is_janus(m) -> bool:
+    from transformers import JanusForConditionalGeneration
+    return isinstance(m, JanusForConditionalGeneration)
+
+
+def _special(m, name: str) -> int:
+    g = getattr(m, "generation_config", None)
+    v = getattr(g, name, None) if g is not None else None
+    if v is None:
+        v = getattr(m.config.text_config, name, None)
+    if v is None:
+        raise VGenError(f"this Janus model states no {name} (generation_config.json): load the released folder "
+                        "with its generation_config.json")
+    return int(v[0] if isinstance(v, (list, tuple)) else v)
+
+
+def wrap(m, height: int | None = None, width: int | None = None, boi_token_id: int | None = None) -> Family:
+    n = int(m.model.vision_model.config.num_image_tokens)
+    g = math.isqrt(n)
+    if g * g != n:
+        raise VGenError(f"Janus makes {n} image tokens, not a square grid")
+    if (height, width) not in ((None, None), (g, g)):
+        raise VGenError(f"Janus generates a fixed {g} x {g} token grid ({n} image tokens), got height={height}, "
+                        f"width={width}: leave them out")
+    boi = boi_token_id
+    if boi is None:
+        boi = (getattr(getattr(m, "generation_config", None), "generation_kwargs", None) or {}).get("boi_token_id")
+    if boi is None:
+        raise VGenError("this Janus model states no begin-of-image token: pass boi_token_id= (the released "
+                        "generation_config.json's generation_kwargs; vgen.load_pipeline('hf://...') reads it)")
+    bos, pad = _special(m, "bos_token_id"), _special(m, "pad_token_id")
+    inner = m.model
+    lm = inner.language_model
+
+    def null_prompt(cond: torch.Tensor) -> torch.Tensor:
+        keep = (cond < 0) | (cond == bos) | (cond == boi)
+        return torch.where(keep, cond, pad)
+
+    def decode_image(codes: torch.Tensor) -> torch.Tensor:
+        return inner.vqmodel.decode(codes.flatten(1)).clamp(-1, 1)
+
+    tc = m.config.text_config
+    return Family(
+        name="Janus", decoder=lm, embed_prompt=lm.get_input_embeddings(),
+        embed_codes=lambda t: inner.generation_aligner(inner.generation_embeddings(t)),
+        logits=inner.generation_head, vocab_size=int(m.config.vq_config.num_embeddings), grid=(g, g),
+        null_prompt=null_prompt, pad_id=pad, text_vocab=int(tc.vocab_size),
+        max_positions=getattr(tc, "max_position_embeddings", None),
+        codebook=lambda: inner.vqmodel.quantize.embedding.weight.detach(), decode_image=decode_image,
+        config={"hidden": tc.hidden_size, "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
+                "vocab": int(m.config.vq_config.num_embeddings)})
+
+
+register_family("janus", _is_janus, wrap)
