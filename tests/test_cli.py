@@ -99,8 +99,9 @@ ZOO_PIPELINES = ["photos-car", "photos-car-draft", "photos-gpt", "photos-mar", "
 
 
 def test_the_model_group_is_the_zoo():
-    """The ``model`` config group is generated from the zoo: its choices are exactly the zoo's pipelines, and
-    every command that takes a model composes with each (name set, path null)."""
+    """The ``model`` config group is generated from the zoo: its choices are exactly the zoo's pipelines (and its
+    transformers models, which `vgen sample` takes), and every command that takes a model composes with each
+    (name set, path null)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -109,7 +110,9 @@ def test_the_model_group_is_the_zoo():
     assert set(ZOO_PIPELINES) <= set(list_models())
     register()
     with initialize_config_module("vgen.configs", version_base="1.3"):
-        assert GlobalHydra.instance().config_loader().get_group_options("model") == list_models()
+        from vgen.cards import list_transformers_models
+        assert GlobalHydra.instance().config_loader().get_group_options("model") == sorted(
+            list_models() + list_transformers_models())
         for name in list_models():
             for command in ("sample", "demo", "scalekv"):
                 cfg = compose(command, overrides=[f"model={name}"])
@@ -120,9 +123,11 @@ def test_the_model_group_is_the_zoo():
 
 def test_unknown_model_lists_the_whole_zoo(capsys):
     from vgen import list_models
+    from vgen.cards import list_transformers_models
+    zoo = sorted(list_models() + list_transformers_models())
     for command in ("sample", "demo", "bench", "scalekv"):
         err = main_error([command, "model=nope", "--cfg", "job"], capsys)
-        assert err == (f"vgen {command}: error: unknown model 'nope'; available: {', '.join(list_models())} "
+        assert err == (f"vgen {command}: error: unknown model 'nope'; available: {', '.join(zoo)} "
                        "(or model.path=<folder with pipeline.json>)")
 
 

@@ -255,14 +255,14 @@ def test_decode_image_uses_the_models_own_vq():
 
 
 def test_pipeline_from_a_save_pretrained_folder(tmp_path, monkeypatch):
-    """hf://<folder> loads the model with from_pretrained (no network), samples from prompt ids with any sampler
-    and decodes through the model's VQ; prompts without a processor, a missing folder / cache entry and a
-    non-generator model are one-line errors."""
+    """A save_pretrained folder loads as a pipeline (from_pretrained, no network), samples from prompt ids with any
+    sampler and decodes through the model's VQ; prompts without a processor, an uncached hub repository and a
+    non-generator model are one-line errors; a cached hf:// repository resolves to its snapshot."""
     import vgen
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     m = janus(codes=8, grid=(2, 2))
     m.save_pretrained(tmp_path / "janus")
-    pipe = vgen.load_pipeline(f"hf://{tmp_path / 'janus'}")
+    pipe = vgen.load_pipeline(str(tmp_path / "janus"))
     ids = torch.tensor([[0, 9, 11, 3], [-1, 0, 12, 3]])
     g = pipe.generate(input_ids=ids, sampler="sjd", seed=3, window=3)
     assert g.pixels.dtype == torch.uint8 and g.pixels.shape[:2] == (2, 3) and g.tokens.shape == (2, 4)
@@ -270,13 +270,16 @@ def test_pipeline_from_a_save_pretrained_folder(tmp_path, monkeypatch):
     assert torch.equal(g.tokens, ref)  # the card's cfg 5 filled in
     with pytest.raises(VGenError, match="has no processor"):
         pipe.generate(prompts=["a photo of the cat"])
-    with pytest.raises(VGenError, match="neither a folder nor in the local Hugging Face cache"):
+    with pytest.raises(VGenError, match="nobody/no-such-model-here"):
         vgen.load_pipeline("hf://nobody/no-such-model-here")
+    from vgen.hf_pipeline import transformers_folder
+    monkeypatch.setattr("vgen.hub.hub_folder", lambda repo, sub="", local_only=False: tmp_path / "janus")
+    assert transformers_folder("hf://deepseek-community/Janus-Pro-1B") == tmp_path / "janus"
     from transformers import LlamaConfig, LlamaForCausalLM
     LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                  num_attention_heads=2)).save_pretrained(tmp_path / "llama")
     with pytest.raises(VGenError, match="holds a 'llama' model"):
-        vgen.load_pipeline(f"hf://{tmp_path / 'llama'}")
+        vgen.load_pipeline(str(tmp_path / "llama"))
 
 
 def test_warm_start_maps_llamagen_rope_pairs_to_transformers_halves():
@@ -317,6 +320,11 @@ def test_emu3_recipe_runs_exports_and_loads(tmp_path):
     pipe = load_zoo(folder)
     g = pipe.generate(prompts=["a photo of the cat", "a dark photo of the moon"], sampler="sjd", seed=0, window=3)
     assert g.pixels.shape == (2, 3, 64, 64) and g.tokens.shape == (2, 256)
+    from vgen.eval.hf_speed import generate_emu3  # transformers' own sampling of the same pipeline (the bench's row)
+    ids = pipe.encode(["a photo of the cat", "a dark close-up of the moon"])
+    out = generate_emu3(pipe, ids)
+    grid = out[:, ids.shape[1]: ids.shape[1] + 16 * 17].view(2, 16, 17)
+    assert (grid[:, :, 16] == pipe.model.family.row_end).all()
     tok = AutoTokenizer.from_pretrained(str(folder / "text"))
     _, sp = vocabulary(len(tok), 1024)
     lay = Layout(tok, sp, 1024, (16, 16), 32)
@@ -337,6 +345,8 @@ def test_bench_experiment_checks_its_models_before_loading():
     with pytest.raises(VGenError, match="unknown sampler"):
         hf_speed.check_zoo(OmegaConf.create({"device": "cpu", "hf_zoo_models": [], "hf_samplers": ["nope"]}))
     assert hf_speed.check(OmegaConf.create({"device": "cpu", "hf_models": ["emu3-gen"]})) == []  # CUDA-only list
+    with pytest.raises(VGenError, match="hf_grid must be"):
+        hf_speed.check(OmegaConf.create({"device": "cpu", "hf_grid": 0}))
 
 
 @pytest.mark.slow
@@ -371,3 +381,48 @@ def test_transformers_sampling_has_the_distribution_vgen_samples(family):
     counts = counts_of(out, V)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, wrong) < 1e-6
+
+
+@pytest.mark.slow
+def test_vgen_sample_takes_a_transformers_folder(tmp_path):
+    """`vgen sample model.path=<folder>` on a transformers pipeline folder: prompts cycled, every sample a PNG, the
+    run resumable (a rerun draws nothing), the card's settings recorded; the card is read before any weights."""
+    from vgen.cli import main
+    from vgen.hf_pipeline import card
+    from vgen.train.emu3 import Emu3TrainConfig, train_emu3
+    train_emu3(Emu3TrainConfig(out=str(tmp_path / "e"), steps=1, batch_size=2, n_train=8, n_test=4, save_every=1,
+                               warm_start=False, model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                            num_attention_heads=2, num_key_value_heads=2)))
+    folder = tmp_path / "e" / "pipeline"
+    c = card(str(folder))
+    assert c.conditioning == "text" and c.token_shape == (16, 16) and c.sampling["cfg_scale"] == 3.0
+    args = ["sample", f"model.path={folder}", 'prompts=["a photo of the cat","a dark photo of the moon"]',
+            "num_samples=3", "sampler=sjd", "sampler.window=3", "batch_size=2", f"outdir={tmp_path / 'out'}",
+            "progress=false"]
+    main(args)
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("0*.png")) == ["000000.png", "000001.png", "000002.png"]
+    first = (out / "000002.png").read_bytes()
+    main(args)
+    assert (out / "000002.png").read_bytes() == first
+    import json
+    st = json.loads((out / "stats.json").read_text())
+    assert st["skipped"] == 3 and st["prompts"][1] == "a dark photo of the moon"
+
+
+@pytest.mark.slow
+def test_photos_emu3_zoo_model_has_structure():
+    """The zoo's Emu3-architecture model loads by name (its transformers folder, caption tokenizer and VQ), samples
+    from prompts with every sampler family, and its drafts are accepted well above a structureless model's 1 token
+    per pass; `vgen sample model=photos-emu3` takes it."""
+    import vgen
+    from vgen.cards import list_transformers_models
+    assert "photos-emu3" in list_transformers_models()
+    pipe = vgen.load_pipeline("photos-emu3")
+    prompts = ["a photo of the cat", "a dark photo of the moon"]
+    g = pipe.generate(prompts=prompts, sampler="sjd", seed=0, window=4)
+    assert g.pixels.shape == (2, 3, 64, 64) and g.stats["accepted_per_step"] > 1.4
+    z = pipe.generate(prompts=prompts, sampler="zipar", seed=0)
+    assert z.stats["accepted_per_step"] > 3.0
+    dark = g.pixels[1].float().mean()
+    assert dark < g.pixels[0].float().mean()  # "dark" is read: the moon comes out darker than the cat

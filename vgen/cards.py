@@ -33,6 +33,14 @@ def list_models() -> list[str]:
     return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "pipeline.json").exists())
 
 
+def list_transformers_models() -> list[str]:
+    """Names of the zoo's transformers models (``hf_pipeline.json``: :mod:`vgen.hf_pipeline`; ``vgen sample`` and
+    ``vgen.load_pipeline`` take them, e.g. photos-emu3)."""
+    if not ZOO_DIR.exists():
+        return []
+    return sorted(p.name for p in ZOO_DIR.iterdir() if (p / "hf_pipeline.json").exists())
+
+
 def resolve(name_or_path: str) -> Path:
     """Zoo name, folder, or Hugging Face Hub reference (``hf://owner/repo[/subfolder]``, resolved from the local HF
     cache) -> folder holding pipeline.json (clear error otherwise)."""
@@ -47,6 +55,9 @@ def resolve(name_or_path: str) -> Path:
         return p
     if (ZOO_DIR / name_or_path / "pipeline.json").exists():
         return ZOO_DIR / name_or_path
+    if (ZOO_DIR / name_or_path / "hf_pipeline.json").exists():
+        raise VGenError(f"{name_or_path} is a transformers model: vgen sample and vgen.load_pipeline take it; "
+                        "vgen bench +experiment=transformers times its samplers (this command reads vgen pipelines)")
     avail = ", ".join(list_models()) or "(none installed)"
     raise VGenError(f"unknown model {name_or_path!r}: use a zoo model ({avail}) or a folder containing "
                     "pipeline.json")

@@ -44,8 +44,8 @@ def _group_options(group: str) -> list[str]:
         from vgen.samplers import list_samplers
         return list_samplers(include_hidden=True)
     if group == "model":  # generated from the zoo (vgen.configs)
-        from vgen.cards import list_models
-        return list_models()
+        from vgen.cards import list_models, list_transformers_models
+        return sorted(list_models() + list_transformers_models())
     from pathlib import Path
     d = Path(__file__).parent / "configs" / group
     return sorted(p.stem for p in d.glob("*.yaml"))

@@ -35,22 +35,21 @@ def sample(cfg: DictConfig):
     from vgen.samplers.base import sampling_job
     sampler, options = cfg.sampler.name, _options(cfg.sampler)
     num_samples = cfg.num_samples
+    from vgen.pipeline import load_card
     if cfg.samples_per_class is not None:  # the papers' protocol: every class equally often (sample i: class i % C)
-        from vgen.cards import Card
         if cfg.labels is not None:
             raise VGenError(f"samples_per_class={cfg.samples_per_class} draws every class in turn: drop labels=... "
                             "(or set samples_per_class=null to sample the given labels)")
-        if Card.load(cfg.model.path or cfg.model.name).conditioning == "text":
+        if load_card(cfg.model.path or cfg.model.name).conditioning == "text":
             raise VGenError("samples_per_class is for class models; a text model samples its prompts in turn: set "
                             "num_samples (sample i has prompt i % the number of prompts)")
         if cfg.samples_per_class < 1:
             raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
-        num_samples = cfg.samples_per_class * Card.load(cfg.model.path or cfg.model.name).num_classes
+        num_samples = cfg.samples_per_class * load_card(cfg.model.path or cfg.model.name).num_classes
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
         from vgen.samplers import plain_sampler  # with the options given that it takes
-        from vgen.cards import Card
         from vgen.samplers import sampler_class
-        card = Card.load(cfg.model.path or cfg.model.name)
+        card = load_card(cfg.model.path or cfg.model.name)
         sampler = plain_sampler(card)
         options = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names()}
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,

@@ -1,5 +1,5 @@
-"""A pipeline over a transformers image generator: ``vgen.load_pipeline("hf://deepseek-ai/Janus-Pro-1B")`` (a hub id
-in the local cache; vgen never downloads) or ``"hf://<folder written by save_pretrained>"``.
+"""A pipeline over a transformers image generator: ``vgen.load_pipeline("hf://deepseek-community/Janus-Pro-1B")`` (a
+hub repository in the local cache; never downloaded) or ``vgen.load_pipeline("<folder written by save_pretrained>")``.
 
 Prompts go through the model's own processor (Janus: its chat template, ``generation_mode="image"``; Emu3:
 ``return_for_image_generation=True``, which also gives the grid), each prompt on its own (the same ids in any
@@ -17,6 +17,7 @@ import torch
 from vgen import validate
 from vgen.errors import VGenError
 from vgen.models.hf import TransformersModel, from_transformers
+from vgen.cards import Card
 from vgen.pipeline import Generation, register_loader
 
 # the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048)
@@ -25,19 +26,23 @@ EMU3_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, 
                  "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
 
 
-def resolve(src: str) -> Path:
-    """A save_pretrained folder, or a hub id's snapshot in the local cache (one-line error otherwise)."""
-    p = Path(src).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise VGenError(f"{p} has no config.json: point hf:// at a folder written by save_pretrained or a hub id")
-        return p
-    try:
-        from huggingface_hub import snapshot_download
-        return Path(snapshot_download(src, local_files_only=True))
-    except Exception as e:  # noqa: BLE001 - every failure is the same fix
-        raise VGenError(f"hf://{src} is neither a folder nor in the local Hugging Face cache: download it first "
-                        f"(`huggingface-cli download {src}`); vgen never downloads ({type(e).__name__})") from None
+def transformers_folder(name) -> Path | None:
+    """The folder of a transformers model that ``name`` names, or None: a local folder written by save_pretrained
+    (config.json, no vgen pipeline.json), or ``hf://owner/repo[/sub]`` whose snapshot is in the local Hugging Face
+    cache and holds such a folder. Never downloads; a vgen pipeline folder (pipeline.json) is not one."""
+    from vgen import hub
+    if not isinstance(name, str) or not name.strip():
+        return None
+    if name.startswith(hub.HF_SCHEME):
+        try:
+            folder = hub.hub_folder(*hub.parse_hub_ref(name), local_only=True)
+        except VGenError:
+            return None  # not cached: the vgen pipeline path says how to get it
+    else:
+        folder = Path(name).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file() and not (folder / "pipeline.json").exists():
+        return folder
+    return None
 
 
 def model_class(folder: Path):
@@ -79,6 +84,12 @@ class TransformersPipeline:
     def device(self):
         return next(self.hf.parameters()).device
 
+    def sampling_defaults(self, sampler: str) -> dict:
+        """The card's settings that ``sampler`` takes (cfg_scale for every token sampler, init for the Jacobi ones)."""
+        from vgen.samplers.base import sampler_class
+        names = sampler_class(sampler, self.model).Options.names()
+        return {k: v for k, v in self.defaults.items() if k in names}
+
     def _tokenize_emu3(self, text: str, h: int, w: int) -> torch.Tensor:
         p = self.processor
         ids = p.tokenizer(f"{p.tokenizer.bos_token or ''}{text}{p.image_start_token}{h}*{w}"
@@ -114,11 +125,16 @@ class TransformersPipeline:
         return torch.cat([to_uint8(dec(t.view(1, h, w).to(self.device))) for t in tokens]).cpu()
 
     def generate(self, prompts=None, input_ids=None, sampler: str = "ar", seed: int = 0,
-                 batch_size: int | None = None, progress: bool = False, **options):
+                 batch_size: int | None = None, progress: bool = False, seeds: list[int] | None = None,
+                 labels=None, prompt=None, prompt_frames: int = 1, **options):
         """Sample images for ``prompts`` (strings, through the processor) or ``input_ids`` ((N, L), -1 = left
-        padding) with any token sampler; the model card's settings fill options not given."""
+        padding) with any token sampler; the model card's settings fill options not given. Sample i uses seed
+        ``seed + i`` or ``seeds[i]`` (any batching: the same bytes). ``labels`` / ``prompt`` (a class id, a video
+        prompt) are refused: these models read text."""
         from vgen.conditions import prompts as check_prompts
-        from vgen.samplers import sample
+        from vgen.samplers.base import get_sampler
+        if labels is not None or prompt is not None:
+            raise VGenError(f"{self.name} is a text-to-image model: give prompts=[...] (no class labels or clips)")
         if (prompts is None) == (input_ids is None):
             raise VGenError("give prompts=[...] or input_ids=<(N, L) tensor>, one of them")
         texts = None
@@ -128,18 +144,26 @@ class TransformersPipeline:
         else:
             ids = torch.as_tensor(input_ids)
             ids = (ids[None] if ids.dim() == 1 else ids).to(self.device)
-        opts = {**self.defaults, **{k: v for k, v in options.items() if v is not None}}
-        seed = validate.seed(seed, ids.shape[0])
+        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
+        n = ids.shape[0]
+        if seeds is None:
+            seed = validate.seed(seed, n)
+            seeds = [seed + i for i in range(n)]
+        elif len(seeds) != n:
+            raise VGenError(f"got {len(seeds)} seeds for {n} prompts: give one seed per prompt")
+        s = get_sampler(sampler, model=self.model, **opts)
+        codebook = self.model.codebook() if s.needs_codebook else None
         t0 = time.perf_counter()
-        tokens, stats = sample(self.model, ids, sampler, seed=seed, progress=progress, batch_size=batch_size, **opts)
+        tokens, stats = s(self.model, ids, [validate.seed(x) for x in seeds], progress, codebook=codebook,
+                          batch_size=batch_size)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
         pixels = self.decode(tokens)
         stats.update(sampler=sampler, options=opts, num_samples=ids.shape[0], sample_seconds=t1 - t0,
                      decode_seconds=time.perf_counter() - t1)
-        return Generation(pixels, tokens, None, [seed + i for i in range(ids.shape[0])], stats,
-                          None if step_map is None else step_map.cpu(), texts)
+        return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
+                          texts)
 
 
 def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
@@ -169,9 +193,13 @@ def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
 
 def load(src: str, device="cpu", dtype=None, height: int | None = None, width: int | None = None,
          negative_prompt: str | None = None) -> TransformersPipeline:
-    """``hf://``'s loader: the folder or cached hub id ``src``, its processor when it has one."""
+    """A transformers image generator's folder, or ``hf://owner/repo`` in the local cache (:func:`transformers_folder`),
+    with its processor when it has one."""
     device, dtype = validate.device(device), validate.dtype(dtype)
-    folder = resolve(src)
+    folder = transformers_folder(src)
+    if folder is None:
+        raise VGenError(f"{src} is not a transformers model folder (config.json, written by save_pretrained) nor a "
+                        "hub id in the local cache: download it first (`huggingface-cli download <id>`)")
     cls = model_class(folder)
     model = cls.from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
     model = model.to(device)
@@ -191,12 +219,46 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
 
 
 def _zoo_folder(name) -> Path | None:
+    """A zoo name or folder holding ``hf_pipeline.json`` (photos-emu3, or a ``vgen train recipe=emu3`` export)."""
     from vgen.cards import ZOO_DIR
-    folder = ZOO_DIR / str(name)
-    return folder if (folder / "hf_pipeline.json").is_file() else None
+    if not isinstance(name, str) or not name.strip() or name.startswith("hf://"):
+        return None
+    for folder in (ZOO_DIR / name, Path(name).expanduser()):
+        if (folder / "hf_pipeline.json").is_file():
+            return folder
+    return None
 
 
-register_loader(lambda name: isinstance(name, str) and name.startswith("hf://"),
-                lambda name, **kw: load(name[len("hf://"):], **kw))
+def card(name) -> Card:
+    """The card of a transformers model folder, cached hf:// repo or zoo model, read without loading weights (what
+    ``vgen sample`` checks before it loads): prompts in, codes of the model's grid out, the model card's defaults."""
+    zoo = _zoo_folder(name)
+    if zoo is not None:
+        c = json.loads((zoo / "hf_pipeline.json").read_text())
+        data = {"name": c.get("name", zoo.name), "token_shape": c["token_shape"], "vocab_size": c["vocab_size"],
+                "examples": c.get("examples") or ["a photo"], "sampling": c.get("sampling") or {},
+                "image_size": c.get("image_size")}
+    else:
+        folder = transformers_folder(name)
+        conf = json.loads((folder / "config.json").read_text())
+        kind = conf.get("model_type")
+        if kind == "janus":
+            n = int((conf.get("vision_config") or {}).get("num_image_tokens", 576))
+            g = int(round(n ** 0.5))
+            data = {"token_shape": [g, g], "vocab_size": int((conf.get("vq_config") or {}).get("num_embeddings", 16384)),
+                    "sampling": DEFAULTS["Janus"]}
+        elif kind == "emu3":
+            vocab = conf.get("vocabulary_map") or {}
+            data = {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
+                    "sampling": DEFAULTS["Emu3"]}
+        else:
+            model_class(folder)  # the one-line error naming what it holds
+        data.update(name=str(name), examples=["a photo of a cat sitting on a windowsill"])
+    data.update(generation="next-token", conditioning="text", model_kind="transformers", model=str(name),
+                tokenizer_kind="transformers", tokenizer="")
+    return Card.from_dict({k: v for k, v in data.items() if v is not None}, None, f"the card of {name}")
+
+
+register_loader(lambda name: transformers_folder(name) is not None, load, card)
 register_loader(lambda name: _zoo_folder(name) is not None,
-                lambda name, device="cpu", dtype=None: load_zoo(_zoo_folder(name), device=device, dtype=dtype))
+                lambda name, device="cpu", dtype=None: load_zoo(_zoo_folder(name), device=device, dtype=dtype), card)

@@ -72,8 +72,8 @@ class SampleJob:
         """Everything checked before any weights load: (card, sampler name, resolved options, the per-sample
         condition (:mod:`vgen.conditions`: the first ``num_samples`` of the labels or prompts, cycled))."""
         from vgen.samplers import plain_sampler
-        from vgen.pipeline import resolve_sampler
-        card = Card.load(self.model)
+        from vgen.pipeline import load_card, resolve_sampler
+        card = load_card(self.model)
         name = self.sampler or plain_sampler(card)
         opts = dataclasses.asdict(resolve_sampler(card, name, **self.options).options)
         if self.num_samples < 1:
@@ -100,7 +100,7 @@ class SampleJob:
 
         from vgen import distributed as vd
         from vgen.io import atomic_write_json, make_grid, read_pngs, save_png
-        from vgen.pipeline import Pipeline
+        from vgen.pipeline import pipeline_for
 
         card, name, opts, conds = self.plan()
         video = card.spec.is_video
@@ -121,7 +121,7 @@ class SampleJob:
         t_start = time.perf_counter()
         with vd.process_group(self.device) as (rank, world, device):
             # weights read and checked before anything is written
-            pipe = Pipeline.from_card(card, device=device, dtype=self.dtype)
+            pipe = pipeline_for(card, device=device, dtype=self.dtype)
             with FolderLock(out):
                 todo = None
                 if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank

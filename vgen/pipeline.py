@@ -267,20 +267,39 @@ class Pipeline:
                        batch_size=batch_size, prefix=prefix, draft=draft)
 
 
-_LOADERS: list[tuple] = []  # (accepts(name) -> bool, load(name, device=, dtype=, **options)): other pipeline kinds
+_LOADERS: list[tuple] = []  # (accepts(name), load(name, device=, dtype=, **options), card(name)): other pipeline kinds
 
 
-def register_loader(accepts, load) -> None:
-    """Let ``load_pipeline`` hand names ``accepts`` recognises to ``load`` (transformers models:
-    :mod:`vgen.hf_pipeline` registers ``hf://...`` and the zoo's transformers folders)."""
-    _LOADERS.append((accepts, load))
+def register_loader(accepts, load, card=None) -> None:
+    """Let ``load_pipeline`` hand names ``accepts`` recognises to ``load``, and :func:`load_card` to ``card`` (their
+    :class:`Card`, read without loading weights; its ``model_kind`` names the loader's kind and ``model_file`` the
+    name to load). :mod:`vgen.hf_pipeline` registers transformers folders, cached ``hf://`` repos and the zoo's
+    transformers models (kind ``transformers``)."""
+    _LOADERS.append((accepts, load, card))
+
+
+def load_card(name) -> Card:
+    """The card of any pipeline ``load_pipeline`` loads, before any weights load (a sampling job's checks)."""
+    for accepts, _, card in _LOADERS:
+        if card is not None and accepts(name):
+            return card(name)
+    return Card.load(name)
+
+
+def pipeline_for(card: Card, device="cpu", dtype=None):
+    """The pipeline a card from :func:`load_card` describes: a vgen :class:`Pipeline`, or a registered kind's."""
+    for accepts, load, make_card in _LOADERS:
+        if make_card is not None and card.model_kind == "transformers" and accepts(card.model_file):
+            return load(card.model_file, device=device, dtype=dtype)
+    return Pipeline.from_card(card, device=device, dtype=dtype)
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, **options):
     """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
-    model in ``dtype`` (None: as stored). ``hf://<hub id or save_pretrained folder>``: a transformers image
-    generator (Janus, Emu3; :mod:`vgen.hf_pipeline`; options ``height``, ``width``, ``negative_prompt``)."""
-    for accepts, load in _LOADERS:
+    model in ``dtype`` (None: as stored). A transformers image generator (Janus, Emu3: a save_pretrained folder, or
+    ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes options ``height``, ``width``,
+    ``negative_prompt``."""
+    for accepts, load, _ in _LOADERS:
         if accepts(name):
             return load(name, device=device, dtype=dtype, **options)
     if options:

@@ -132,9 +132,11 @@ class BenchSchema:
     hf_repeats: int = 1  # timed runs per cell (after a warm-up when hf_warmup)
     hf_warmup: bool = False
     hf_dtype: Optional[str] = None  # null: bfloat16 on CUDA, float32 elsewhere
+    hf_grid: Optional[int] = None  # tokens per side instead of each shape's grid (Emu3's 90 x 90 is minutes per image)
     hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
     hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
     hf_zoo_samples: int = 8  # images per cell (the card's example prompts in turn)
+    hf_zoo_generate: bool = True  # also time transformers' own generate on the zoo model (CFG, row ends forced)
 
 
 @dataclass
@@ -197,7 +199,7 @@ class TrainSchema:
 
 
 def register() -> None:
-    from vgen.cards import list_models
+    from vgen.cards import list_models, list_transformers_models
     from vgen.samplers import list_samplers, sampler_classes
     from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
                                     VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
@@ -211,7 +213,7 @@ def register() -> None:
     cs.store(name="eval_schema", node=EvalSchema)
     cs.store(name="demo_schema", node=DemoSchema)
     cs.store(name="scalekv_schema", node=ScaleKVSchema)
-    for name in list_models():
+    for name in list_models() + list_transformers_models():
         cs.store(group="model", name=name, node=ModelSchema(name=name))
     for name in list_samplers(include_hidden=True):
         cs.store(group="sampler", name=name, node=sampler_schema(*sampler_classes(name)))

@@ -67,6 +67,9 @@ def check(cfg) -> list[str]:
     device = validate.device(cfg.device)
     chosen = [str(s) for s in ((cfg.get("hf_models") or []) if device.type == "cuda" else
                                (cfg.get("hf_cpu_models") or []))]
+    grid = cfg.get("hf_grid")
+    if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
+        raise VGenError(f"hf_grid must be a whole number of tokens per side >= 1 (or null), got {grid!r}")
     unknown = [s for s in chosen if s not in names()]
     if unknown:
         raise VGenError(f"unknown transformers shapes {unknown}: choose from {', '.join(names())}")
@@ -83,11 +86,14 @@ def shape(name: str) -> dict:
     return {**RELEASED, **CPU}[name]
 
 
-def build(name: str, dtype: torch.dtype, device: torch.device):
-    """(transformers model, vgen model, prompt ids (1, PROMPT_LEN), generate kwargs for one image)."""
+def build(name: str, dtype: torch.dtype, device: torch.device, grid: int | None = None):
+    """(transformers model, vgen model, prompt ids (1, PROMPT_LEN), generate kwargs for one image); ``grid``: tokens
+    per side instead of the shape's (the released Emu3 grid, 90 x 90, takes minutes per image even on a GPU)."""
     from vgen.models import from_transformers
     from vgen.models.hf import shapes
-    s = shape(name)
+    s = dict(shape(name))
+    if grid:
+        s["grid"] = (int(grid), int(grid))
     common = dict(hidden=s["hidden"], layers=s["layers"], heads=s["heads"], kv_heads=s["kv_heads"], ffn=s["ffn"],
                   codes=s["codes"], std=0.02)
     h, w = s["grid"]
@@ -154,8 +160,9 @@ def run(cfg) -> dict:
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
     for name in tqdm(check(cfg), desc="transformers shapes", leave=False):
-        m, model, ids, cfg_scale, kw = build(name, dtype, device)
-        s = shape(name)
+        grid = cfg.get("hf_grid")
+        m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
+        s = {**shape(name), **({"grid": (int(grid), int(grid))} if grid else {})}
         result["models"][name] = {
             "params_m": sum(p.numel() for p in m.parameters()) / 1e6, "grid": list(s["grid"]),
             "batch": {str(b): time_pair(m, model, ids, cfg_scale, kw, int(b), repeats,
@@ -165,6 +172,30 @@ def run(cfg) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
+
+
+GENERATE = "transformers generate"
+
+
+def generate_emu3(pipe, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' own sampling of an Emu3 pipeline (its card's cfg / top-k / temperature, the row ends forced by
+    ``prefix_allowed_tokens_fn``, the null prompt as ``negative_prompt_ids``): ids (B, L), -1 = left padding."""
+    from vgen.models.hf.shapes import emu3_allowed
+    fam = pipe.model.family
+    h, w = fam.grid
+    vm = pipe.hf.model.vocabulary_mapping
+    voc = vm.vocab_map
+    mask = ids >= 0
+    x = torch.where(mask, ids, fam.pad_id)
+    neg = fam.null_prompt(ids[:1]).expand(ids.shape[0], -1).contiguous()
+    o = pipe.defaults
+    eos = pipe.hf.config.text_config.eos_token_id
+    allowed = emu3_allowed(h, w, ids.shape[1], vm.image_tokens, vm.eol_token_id, voc["<|extra_201|>"],
+                           voc["<|image end|>"], eos)
+    return pipe.hf.generate(x, attention_mask=mask.long(), do_sample=True, max_new_tokens=(w + 1) * h + 3,
+                            prefix_allowed_tokens_fn=allowed, guidance_scale=o.get("cfg_scale", 1.0),
+                            negative_prompt_ids=neg, top_k=o.get("top_k") or None,
+                            temperature=o.get("temperature", 1.0), pad_token_id=fam.pad_id)
 
 
 @torch.inference_mode()
@@ -184,6 +215,10 @@ def run_zoo(cfg) -> dict:
     batches = [int(b) for b in (cfg.get("hf_batch_sizes") or [1, 8])]
     ids = {m: p.encode([p.examples[i % len(p.examples)] for i in range(n)]) for m, p in pipes.items()}
     runs: dict = {(m, v, b): [] for m, v, _ in cells for b in batches}
+    models = sorted({c[0] for c in cells})
+    if cfg.get("hf_zoo_generate", True):  # transformers' own generate on the same model, prompts and settings
+        cells = cells + [(m, GENERATE, (GENERATE, {})) for m in models]
+        runs.update({(m, GENERATE, b): [] for m in models for b in batches})
     repeats = max(1, int(cfg.get("hf_repeats") or 1))
     with tqdm(total=len(runs) * (repeats + 1), desc="transformers zoo", leave=False) as bar:
         for r in range(repeats + 1):
@@ -191,7 +226,13 @@ def run_zoo(cfg) -> dict:
                 for b in batches:
                     p = pipes[m]
                     t0 = time.perf_counter()
-                    _, st = sample(p.model, ids[m], name, seed=seed, batch_size=b, **{**p.defaults, **opts})
+                    if name == GENERATE:
+                        st = {"forward_passes": None, "accepted_per_step": 1.0}
+                        for i in range(0, n, b):
+                            generate_emu3(p, ids[m][i:i + b])
+                    else:
+                        _, st = sample(p.model, ids[m], name, seed=seed, batch_size=b,
+                                       **{**p.sampling_defaults(name), **opts})
                     if r:
                         runs[(m, v, b)].append({"seconds": time.perf_counter() - t0,
                                                 "forward_passes": st.get("forward_passes"),
@@ -205,6 +246,8 @@ def run_zoo(cfg) -> dict:
     for m, by_b in out.items():
         for b, by_v in by_b.items():
             ar = next((e["seconds"] for v, e in by_v.items() if v.split(":")[0] == "ar"), None)
+            if GENERATE in by_v:
+                by_v[GENERATE]["tokens_per_pass"] = None
             for e in by_v.values():
                 e["x_ar"] = ar / e["seconds"] if ar else None
     return out
@@ -218,8 +261,9 @@ def markdown_zoo(result: dict) -> str:
         settings = list(next(iter(by_b.values())))
         for v in settings:
             lines.append(f"| {v} | " + " | ".join(
-                f"{by_b[b][v]['seconds']:.2f} s, {by_b[b][v]['tokens_per_pass'] or 1:.2f} tok/pass, "
-                f"{by_b[b][v]['x_ar'] or 0:.2f}x" for b in by_b) + " |")
+                f"{by_b[b][v]['seconds']:.2f} s, "
+                + (f"{by_b[b][v]['tokens_per_pass']:.2f} tok/pass, " if by_b[b][v]['tokens_per_pass'] else "")
+                + f"{by_b[b][v]['x_ar'] or 0:.2f}x" for b in by_b) + " |")
         lines.append("")
     return "\n".join(lines)
 

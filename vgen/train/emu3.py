@@ -48,7 +48,7 @@ class Emu3TrainConfig(RecipeConfig):
     caption_dropout: float = 0.1
     model: dict = field(default_factory=lambda: dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                                                      num_attention_heads=4, num_key_value_heads=4))
-    sampling: dict = field(default_factory=lambda: dict(cfg_scale=3.0, top_k=100, temperature=1.0))
+    sampling: dict = field(default_factory=lambda: dict(cfg_scale=3.0, top_k=100, temperature=1.0, init="vertical"))
 
 
 def build_model(words: int, codes: int, cfg: Emu3TrainConfig):

@@ -272,8 +272,12 @@ class TransformersModel(nn.Module):
         lay = cache.layout
         x = self.family.embed_codes(tokens)
         hf_len = cache.hf_length
-        cols, is_end = lay.columns(hf_len, tokens.device)
         n_v = mask.shape[-1]
+        if not lay.row_end:  # model slots are vgen slots: the mask as it is (a never-read scratch column aside)
+            m = mask if hf_len == n_v else torch.nn.functional.pad(mask, (0, hf_len - n_v))
+            rope = (input_pos if input_pos.dim() == 2 else input_pos[None]) - cache.pad[:, None]
+            return self.family.logits(self._run(x, input_pos, rope, m, cache)).float()
+        cols, is_end = lay.columns(hf_len, tokens.device)
         ok = cols < n_v
         cols = cols.clamp_max(n_v - 1)
         pos = input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, -1)

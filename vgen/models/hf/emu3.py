@@ -47,8 +47,13 @@ def wrap(m, height: int | None = None, width: int | None = None, negative_prompt
     vocab_map = torch.zeros(codes, dtype=torch.long)
     vocab_map[:] = ids
 
+    on_device: dict = {}  # the code -> id table per device (no host-to-device copy per pass)
+
     def embed_codes(t: torch.Tensor) -> torch.Tensor:
-        return text.embed_tokens(vocab_map.to(t.device)[t])
+        table = on_device.get(t.device)
+        if table is None:
+            table = on_device[t.device] = vocab_map.to(t.device)
+        return text.embed_tokens(table[t])
 
     if contiguous:
         def logits(h: torch.Tensor) -> torch.Tensor:

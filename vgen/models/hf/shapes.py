@@ -61,18 +61,19 @@ def emu3(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, codes=8, text=40, see
                                                    vocabulary_map=emu3_vocabulary(codes, text))).eval()
 
 
-def emu3_allowed(height: int, width: int, prompt_len: int, visual: list[int]):
+def emu3_allowed(height: int, width: int, prompt_len: int, visual: list[int], row_end: int = 3, eof: int = 4,
+                 eoi: int = 5, eos: int = 2):
     """transformers' ``prefix_allowed_tokens_fn`` for Emu3 (as in its model card): visual tokens, a row end after
-    each row, then end of frame, end of image, EOS (tiny models' ids)."""
+    each row, then end of frame, end of image, EOS (default: the tiny models' ids)."""
     def allowed(batch_id, input_ids):
         off = input_ids.shape[0] - prompt_len + 1  # 1 = the first visual token
         if off % (width + 1) == 0:
-            return [3]
+            return [row_end]
         if off == (width + 1) * height + 1:
-            return [4]
+            return [eof]
         if off == (width + 1) * height + 2:
-            return [5]
+            return [eoi]
         if off >= (width + 1) * height + 3:
-            return [2]
+            return [eos]
         return visual
     return allowed
