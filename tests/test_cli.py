@@ -66,7 +66,7 @@ def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["model=nope"], "unknown model 'nope'; available: photos-car, photos-car-draft, photos-gpt"),
+    (["model=nope"], "unknown model 'nope'; available: photos-car, photos-car-draft, photos-emu3, photos-gpt"),
     (["sampler=nope"], "unknown sampler 'nope'; available: ar"),
     (["labels=[99]"], "class id 99 out of range"),
     (["sampler.temperature=-1"], "temperature must be >= 0"),
