@@ -65,6 +65,7 @@ class TransformersCache(KVCache):
         self.length = max_len
         self.hf_length = self.hf_max
         self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)
+        layout.columns(self.hf_max, device)  # every pass slices these (built once)
 
     def limit(self, n: int | None) -> None:
         super().limit(n)
@@ -106,6 +107,7 @@ class _Layout:
 
     def __init__(self, C: int, w: int, row_end: bool):
         self.C, self.w, self.row_end = C, w, row_end
+        self._columns: dict = {}
 
     def slot(self, s):
         """The model slot of vgen slot ``s`` (an int or a tensor)."""
@@ -121,17 +123,20 @@ class _Layout:
         last = n - 1
         return self.slot(last) + 1 + int((last - self.C) % self.w == self.w - 1)
 
-    def columns(self, hf_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """For each model slot < hf_len: the vgen slot whose visibility it takes (a row end: its row's last token)
-        and whether it is a row end."""
-        t = torch.arange(hf_len, device=device)
-        if not self.row_end:
-            return t, torch.zeros_like(t, dtype=torch.bool)
-        img = (t - self.C).clamp_min(0)
-        row, col = img // (self.w + 1), img % (self.w + 1)
-        is_end = (t >= self.C) & (col == self.w)
-        src = torch.where(t < self.C, t, self.C + row * self.w + col.clamp_max(self.w - 1))
-        return src, is_end
+    def columns(self, hf_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For each model slot t < hf_len: the vgen slot whose visibility it takes (a row end: its row's last
+        token), whether it is a row end, and t itself. A slot's entries do not depend on hf_len, so they are built
+        once per device for the longest length asked and sliced: a pass allocates nothing here."""
+        key = str(device)
+        have = self._columns.get(key)
+        if have is None or have[2].numel() < hf_len:
+            t = torch.arange(hf_len, device=device)
+            img = (t - self.C).clamp_min(0)
+            row, col = img // (self.w + 1), img % (self.w + 1)
+            is_end = (t >= self.C) & (col == self.w) if self.row_end else torch.zeros_like(t, dtype=torch.bool)
+            src = torch.where(t < self.C, t, self.C + row * self.w + col.clamp_max(self.w - 1)) if self.row_end else t
+            have = self._columns[key] = (src, is_end, t)
+        return tuple(x[:hf_len] for x in have)
 
 
 class TransformersModel(nn.Module):
@@ -258,7 +263,7 @@ class TransformersModel(nn.Module):
         x = self.family.embed_prompt(torch.where(valid, cond, self.family.pad_id))
         mask = cache.causal_mask(pos) | (cache.slots[: cache.length] == pos[:, None])[None, None]
         mask = cache.visible(mask)
-        cols, _ = cache.layout.columns(cache.hf_length, cond.device)
+        cols, _, _ = cache.layout.columns(cache.hf_length, cond.device)
         h = self._run(x, pos, (pos[None] - cache.pad[:, None]).clamp_min(0), mask[..., cols.clamp_max(mask.shape[-1] - 1)]
                       & (cols < mask.shape[-1]), cache)
         return self.family.logits(h[:, -1]).float()
@@ -277,18 +282,16 @@ class TransformersModel(nn.Module):
             m = mask if hf_len == n_v else torch.nn.functional.pad(mask, (0, hf_len - n_v))
             rope = (input_pos if input_pos.dim() == 2 else input_pos[None]) - cache.pad[:, None]
             return self.family.logits(self._run(x, input_pos, rope, m, cache)).float()
-        cols, is_end = lay.columns(hf_len, tokens.device)
+        cols, is_end, t = lay.columns(hf_len, tokens.device)
         ok = cols < n_v
         cols = cols.clamp_max(n_v - 1)
         pos = input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, -1)
         slots = lay.slot(pos)
-        k = 0
-        if lay.row_end:
-            ends = ((pos - lay.C) % lay.w == lay.w - 1) & (pos >= lay.C)
-            k = int(ends.sum(1).max())  # host read: how many row ends this pass feeds (0 on most AR steps)
+        ends = ((pos - lay.C) % lay.w == lay.w - 1) & (pos >= lay.C)
+        k = int(ends.sum(1).max())  # host read: how many row ends this pass feeds (0 on most AR steps)
         if k == 0:
             m = mask[..., cols] & ok
-            hide = is_end[None, None, :] & (slots[:, :, None] + 1 == torch.arange(hf_len, device=tokens.device))
+            hide = is_end[None, None, :] & (slots[:, :, None] + 1 == t)
             m = m & ~hide[:, None]
             h = self._run(x, slots if input_pos.dim() == 2 else lay.slot(input_pos),
                           slots - cache.pad[:, None], m, cache)
@@ -305,7 +308,7 @@ class TransformersModel(nn.Module):
         mrows = mask.expand(B, -1, -1, -1)
         mrows = torch.cat([mrows, mrows.gather(2, src[:, None, :, None].expand(-1, 1, -1, n_v))], 2)
         m = mrows[..., cols] & ok
-        hide = is_end[None, None, :] & (all_slots[:, :, None] + 1 == torch.arange(hf_len, device=tokens.device))
+        hide = is_end[None, None, :] & (all_slots[:, :, None] + 1 == t)
         hide[:, S:] = False  # a row end reads itself
         m = m & ~hide[:, None]
         h = self._run(torch.cat([x, xe], 1), all_slots, all_slots - cache.pad[:, None], m, cache)

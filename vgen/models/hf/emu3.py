@@ -44,8 +44,7 @@ def wrap(m, height: int | None = None, width: int | None = None, negative_prompt
         neg = torch.as_tensor(negative_prompt_ids, dtype=torch.long).reshape(1, -1)
         if neg.numel() == 0:
             raise VGenError("negative_prompt_ids is empty")
-    vocab_map = torch.zeros(codes, dtype=torch.long)
-    vocab_map[:] = ids
+    vocab_map = ids  # code k -> its <|visual token k|> id
 
     on_device: dict = {}  # the code -> id table per device (no host-to-device copy per pass)
 
