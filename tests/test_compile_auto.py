@@ -42,6 +42,14 @@ def test_auto_decision_at_break_even():
     assert auto_compile(256, n, 1) and auto_compile(256, 100 * n, 1)
 
 
+def test_auto_decision_on_cuda_uses_the_gpu_costs():
+    """On CUDA the break-even comes from the GPU's measured saving and warm-up (a CUDA graph step), not the CPU's."""
+    from vgen.samplers.base import CUDA_SAVED_S_PER_PASS, CUDA_WARMUP_S
+    n = math.ceil(CUDA_WARMUP_S / CUDA_SAVED_S_PER_PASS / 256)
+    assert not auto_compile(256, n - 1, 1, "cuda") and auto_compile(256, n, 1, "cuda")
+    assert n != math.ceil(AUTO_WARMUP_S / AUTO_SAVED_S_PER_PASS / 256)  # the devices really differ
+
+
 def test_auto_counts_passes_and_batch_shapes():
     n = math.ceil(AUTO_WARMUP_S / AUTO_SAVED_S_PER_PASS / 256)
     assert not auto_compile(256, 8 * n - 8, 8)   # the same forward passes as n - 1 samples at batch 1
@@ -57,8 +65,8 @@ def seen(monkeypatch):
     import vgen.samplers.speculative as spec
     from vgen.samplers import sampler_class
     got = []
-    monkeypatch.setattr(ar, "compiled", lambda fn, dynamic=False: fn)
-    monkeypatch.setattr(spec, "compiled", lambda fn, dynamic=False: fn)
+    monkeypatch.setattr(ar, "compiled", lambda fn, dynamic=False, device="cpu": fn)
+    monkeypatch.setattr(spec, "compiled", lambda fn, dynamic=False, device="cpu": fn)
     for name in ("ar", "sjd"):
         cls = sampler_class(name)
         run = cls._run
@@ -112,7 +120,7 @@ def test_cli_decides_for_the_whole_job(tiny_pipeline, tmp_path, monkeypatch, see
     monkeypatch.setattr(base, "auto_compile", lambda *a: calls.append(a) or False)
     main(["sample", f"model.path={tiny_pipeline}", "sampler=ar", "num_samples=3", "batch_size=2", f"outdir={tmp_path}",
           "progress=false"])
-    assert calls == [(16, 3, 2), (16, 3, 2)] and seen == [False, False]
+    assert calls == [(16, 3, 2, "cpu"), (16, 3, 2, "cpu")] and seen == [False, False]
     assert json.loads((tmp_path / "run.json").read_text())["options"]["compile"] == "auto"
 
 

@@ -14,7 +14,7 @@ from vgen.samplers import sample
 COMPILED = []  # the step functions handed to fullgraph (each test checks that its step really went through it)
 
 
-def fullgraph(fn, dynamic=False):
+def fullgraph(fn, dynamic=False, device="cpu"):
     import torch._dynamo
     torch._dynamo.reset()
     COMPILED.append(fn.__name__)

@@ -90,18 +90,23 @@ def per_pass(trips):
     ("lantern", dict(window=4, delta=0.2), 1),
     ("eagle", dict(window=4), 1),
 ])
-def test_host_round_trips_per_pass(tiny_gpt, name, opts, reads):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_host_round_trips_per_pass(tiny_gpt, name, opts, reads, device):
+    """The budget on the CPU and, where there is one, on a GPU (where each read is a real wait)."""
     import torch.nn.functional as F
 
     from vgen.models.drafter import Drafter
+    model = tiny_gpt.to(device)
     if name in ("gsd", "lantern"):
         opts = dict(opts, codebook=F.normalize(torch.randn(tiny_gpt.vocab_size, 8,
-                                                           generator=torch.Generator().manual_seed(0)), dim=-1))
+                                                           generator=torch.Generator().manual_seed(0)),
+                                               dim=-1).to(device))
     if name == "eagle":
         torch.manual_seed(0)
-        opts = dict(opts, draft=Drafter(tiny_gpt.config, "block").eval())
-    with counting(tiny_gpt) as trips:
-        tokens, st = sample(tiny_gpt, [0, 1, 2], name, seed=0, cfg_scale=2.0, top_k=8, **opts)
+        opts = dict(opts, draft=Drafter(tiny_gpt.config, "block").eval().to(device))
+    with counting(model) as trips:
+        tokens, st = sample(model, [0, 1, 2], name, seed=0, cfg_scale=2.0, top_k=8, **opts)
+    assert tokens.device.type == device
     loop = per_pass(trips)
     assert len(loop) >= 5  # the loop really ran and was seen pass by pass
     worst = {k: max(c[k] for c in loop) for k in ("reads", "uploads")}

@@ -439,6 +439,18 @@ def test_eagle_runs_on_cuda(extra):
     assert a.stats["accepted_per_step"] > (1.0 if "tree" in extra else 1.5) and a.stats["accepted_by_depth"][0] > 0
 
 
+def test_eagle_finds_a_gpts_features_on_every_python(tiny_gpt):
+    """A GPT is a FeatureModel although its ``tok_embeddings`` lives in ``nn.Module._modules``, where Python 3.12's
+    static protocol lookup (``isinstance`` on a runtime-checkable protocol) does not see it: eagle asks ``satisfies``,
+    which looks members up as attributes. A model without the features is refused in one line."""
+    import inspect
+
+    from vgen.interfaces import FeatureModel, satisfies
+    with pytest.raises(AttributeError):
+        inspect.getattr_static(tiny_gpt, "tok_embeddings")
+    assert satisfies(tiny_gpt, FeatureModel) and not satisfies(object(), FeatureModel)
+
+
 def test_an_acceptance_rule_is_one_class_on_the_shared_core(tiny_gpt):
     """The speculative core takes any object with ``block`` and ``__call__(p, q, x, px, qx)``: the exact rule written
     again as a new class gives sjd's bytes; a rule that accepts nothing decides one token per pass."""

@@ -99,6 +99,14 @@ class PromptTokenModel(NextTokenModel, Protocol):
         """Check the prompts (one-line errors) -> (a view of this model bound to them, the prompts as fed)."""
 
 
+def satisfies(obj, protocol) -> bool:
+    """Whether ``obj`` has every member of ``protocol`` (looked up with ``hasattr``). ``isinstance`` against a
+    runtime-checkable protocol looks members up statically from Python 3.12 on (``inspect.getattr_static``), which
+    misses what ``torch.nn.Module`` keeps in ``_modules``: a model's ``tok_embeddings`` is there."""
+    import typing_extensions
+    return all(hasattr(obj, name) for name in typing_extensions.get_protocol_members(protocol))
+
+
 @runtime_checkable
 class FeatureModel(NextTokenModel, Protocol):
     """A next-token model that also returns its last hidden states (before the final norm): what a trained draft

@@ -126,6 +126,7 @@ class BenchSchema:
     cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
     shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
     pass_widths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # tokens per pass (pass_cost)
+    shape_batches: list[int] = field(default_factory=list)  # the shapes' AR batch sizes; empty: batch_sizes
     hf_models: list[str] = field(default_factory=list)  # on CUDA: Janus / Emu3 released shapes vs transformers' generate
     hf_cpu_models: list[str] = field(default_factory=list)  # elsewhere: scaled copies (janus-cpu, emu3-cpu) instead
     hf_batch_sizes: list[int] = field(default_factory=lambda: [1, 8])

@@ -6,10 +6,13 @@ tokens, one class token) and measured per shape and dtype:
 
 * ``pass_cost``: one forward pass over w new tokens (w = 1, 2, 4, ... 32) at batch 1 on a half-filled KV cache,
   relative to a pass over one token: the curve every speculative sampler's speed-up rides on (a wide pass is cheap
-  where the step is memory-bound, as on a GPU at small batch);
-* ``ar``: milliseconds per token of vgen's ``ar`` sampler against the official-style eager loop
-  (:func:`vgen.samplers.llamagen_loop.llamagen_generate`) at each batch size, with CFG (both halves), and the peak
-  memory of each.
+  where the step is memory-bound, as on a GPU at small batch). Eager (``pass_cost``) and, on CUDA, with each pass
+  replayed as one recorded CUDA graph (``pass_cost_graphed``: launches removed, what a compiled sampler's pass
+  costs);
+* ``ar``: milliseconds per token of vgen's ``ar`` sampler (``compile`` as set; compiled, also eager) against the
+  official-style eager loop (:func:`vgen.samplers.llamagen_loop.llamagen_generate`) at each batch size of
+  ``shape_batches``, with CFG (both halves), the peak memory of each, and the seconds of the first compiled call
+  (its warm-up: ``first_call_s``).
 
 On a CPU the released shapes take minutes per image, so ``cpu_shapes`` (small ones) run instead: CI exercises the
 code, the numbers that matter come from a GPU.
@@ -85,16 +88,55 @@ def pass_cost(model, widths: list[int], repeats: int) -> dict[int, float]:
 
 
 @torch.inference_mode()
+def pass_cost_graphed(model, widths: list[int], repeats: int, replays: int = 20) -> dict[int, float]:
+    """CUDA only: :func:`pass_cost` with each width's pass recorded once as a CUDA graph and replayed (seconds per
+    replay, mean of ``replays``, median of ``repeats`` rounds): the pass without its kernel launches."""
+    device = next(model.parameters()).device
+    cache = model.new_cache(1)
+    cache.limit(None)
+    model.prefill(torch.zeros(1, dtype=torch.long, device=device), cache)
+    start = model.cond_len + TOKENS // 2
+    graphs = {}
+    for w in widths:
+        x = torch.zeros((1, w), dtype=torch.long, device=device)
+        pos = torch.arange(start, start + w, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS workspaces, lazy inits)
+            for _ in range(2):
+                model.decode(x, pos, cache)
+        torch.cuda.current_stream(device).wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            model.decode(x, pos, cache)
+        graphs[w] = g
+    times: dict[int, list[float]] = {w: [] for w in widths}
+    for _ in range(repeats):
+        for w, g in graphs.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                g.replay()
+            _sync(device)
+            times[w].append((time.perf_counter() - t0) / replays)
+    return {w: statistics.median(t) for w, t in times.items()}
+
+
+@torch.inference_mode()
 def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
-    """ms per token of vgen's ar and of the official-style loop at ``batch``, CFG 4 (both halves), top-k 0."""
+    """ms per token of vgen's ar (``compile``; compiled runs also eager, ``vgen_eager``) and of the official-style
+    loop at ``batch``, CFG 4 (both halves), top-k 0; ``first_call_s``: each one's warm-up call (a compile)."""
     from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     from vgen.samplers.llamagen_loop import llamagen_generate
     device = next(model.parameters()).device
     labels = torch.arange(batch, device=device) % CLASSES
+    runs = [("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
+            ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))]
+    if compile:
+        runs.append(("vgen_eager", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=False)))
     out = {}
-    for name, fn in (("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
-                     ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))):
+    for name, fn in runs:
         secs = []
         with RssPeak() as peak:
             for r in range(repeats + 1):
@@ -102,10 +144,9 @@ def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
                 t0 = time.perf_counter()
                 fn()
                 _sync(device)
-                if r:
-                    secs.append(time.perf_counter() - t0)
-        out[name] = {"ms_per_token": 1e3 * statistics.median(secs) / (batch * TOKENS), "peak_rss_mb": peak.peak,
-                     "peak_cuda_mb": peak.cuda_peak}
+                secs.append(time.perf_counter() - t0)
+        out[name] = {"ms_per_token": 1e3 * statistics.median(secs[1:]) / (batch * TOKENS), "first_call_s": secs[0],
+                     "peak_rss_mb": peak.peak, "peak_cuda_mb": peak.cuda_peak}
     out["speedup"] = out["official"]["ms_per_token"] / out["vgen"]["ms_per_token"]
     return out
 
@@ -120,6 +161,7 @@ def run(cfg) -> dict:
     dtypes = [validate.dtype(d) for d in (cfg.get("shape_dtypes") or ["float32"])]
     widths = sorted({int(w) for w in cfg.pass_widths})
     repeats = int(cfg.repeats)
+    batches = [int(b) for b in (cfg.get("shape_batches") or cfg.batch_sizes)]
     result: dict = {"device": str(device), "tokens": TOKENS, "vocab": VOCAB, "shapes": {}}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
@@ -129,8 +171,12 @@ def run(cfg) -> dict:
             secs = pass_cost(model, widths, max(repeats, 3))
             entry = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                      "pass_seconds": {str(w): s for w, s in secs.items()},
-                     "pass_cost": {str(w): s / secs[1] for w, s in secs.items()},
-                     "ar": {str(b): ar_speed(model, int(b), bool(cfg.compile), repeats) for b in cfg.batch_sizes}}
+                     "pass_cost": {str(w): s / secs[1] for w, s in secs.items()}}
+            if device.type == "cuda":
+                g = pass_cost_graphed(model, widths, max(repeats, 3))
+                entry["pass_seconds_graphed"] = {str(w): s for w, s in g.items()}
+                entry["pass_cost_graphed"] = {str(w): s / g[1] for w, s in g.items()}
+            entry["ar"] = {str(b): ar_speed(model, int(b), bool(cfg.compile), repeats) for b in batches}
             result["shapes"].setdefault(name, {})[str(dtype).removeprefix("torch.")] = entry
             del model
             if device.type == "cuda":
@@ -147,10 +193,18 @@ def markdown(result: dict) -> str:
     lines = ["| shape | dtype | " + " | ".join(f"{w} tok" for w in widths) + " |",
              "|---|---|" + "---|" * len(widths)]
     lines += [f"| {s} | {d} | " + " | ".join(f"{e['pass_cost'][w]:.2f}" for w in widths) + " |" for s, d, e in rows]
+    lines += [f"| {s} | {d} (CUDA graph) | " + " | ".join(f"{e['pass_cost_graphed'][w]:.2f}" for w in widths) + " |"
+              for s, d, e in rows if "pass_cost_graphed" in e]
     batches = list(rows[0][2]["ar"])
     lines += ["", "| shape | dtype | " + " | ".join(f"batch {b}: vgen / official ms per token" for b in batches) + " |",
               "|---|---|" + "---|" * len(batches)]
     lines += [f"| {s} | {d} | " + " | ".join(
         f"{e['ar'][b]['vgen']['ms_per_token']:.3f} / {e['ar'][b]['official']['ms_per_token']:.3f} "
         f"({e['ar'][b]['speedup']:.2f}x)" for b in batches) + " |" for s, d, e in rows]
+    if any("vgen_eager" in e["ar"][b] for _, _, e in rows for b in batches):
+        lines += ["", "| shape | dtype | " + " | ".join(f"batch {b}: vgen eager ms per token; first compiled call s"
+                                                        for b in batches) + " |", "|---|---|" + "---|" * len(batches)]
+        lines += [f"| {s} | {d} | " + " | ".join(
+            f"{e['ar'][b]['vgen_eager']['ms_per_token']:.3f}; {e['ar'][b]['vgen']['first_call_s']:.1f}"
+            if "vgen_eager" in e["ar"][b] else "-" for b in batches) + " |" for s, d, e in rows]
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -42,7 +43,7 @@ def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.
     return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p, gkey)
 
 
-# Inductor options for the decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++
+# Inductor options for a CPU decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++
 # instead of Python. Not ``freezing`` (weights folded into the graph as constants): it bypasses AOTAutograd's
 # on-disk cache, so a later process compiles again instead of loading (docs/compile.md has the measurements).
 COMPILE_OPTIONS = {"cpp_wrapper": True}
@@ -69,13 +70,62 @@ def use_cache_dir() -> Path:
 
 
 @functools.cache
-def compiled(fn, dynamic: bool = False):
+def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     """A process-wide compiled version of a step function (compiled once per model and settings; dynamo's
     guards recompile for another model or other shapes). ``dynamic=True`` compiles one shape-generic graph,
     for steps whose token count changes every call (NAR's anti-diagonals). Compiled code is cached on disk
-    (:func:`cache_dir`): a later process compiling the same step loads it instead."""
+    (:func:`cache_dir`): a later process compiling the same step loads it instead.
+
+    ``device``: the device type the step runs on. On a CPU, inductor's default mode with :data:`COMPILE_OPTIONS`.
+    On CUDA, ``mode="reduce-overhead"`` with ``fullgraph=True`` (gpt-fast's decode): the step is recorded once as a
+    CUDA graph and replayed, one launch per step instead of one per kernel, which is what a GPU step at small batch
+    waits on. The KV cache's tensors are static addresses there (:class:`vgen.kernels.kv_cache.KVCache`), so the
+    replay updates the cache in place; each call's outputs are copied out of the graph's memory (the next replay
+    overwrites it), see :func:`graphed`."""
     import torch._dynamo
     use_cache_dir()
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if device == "cuda":
+        return graphed(torch.compile(fn, dynamic=dynamic, mode="reduce-overhead", fullgraph=True),
+                       lambda: torch.compile(fn, dynamic=dynamic, backend="cudagraphs", fullgraph=True),
+                       getattr(fn, "__name__", "step"))
     return torch.compile(fn, dynamic=dynamic, options=COMPILE_OPTIONS)
 
+
+def backend_failed(e: BaseException) -> bool:
+    """Whether ``e`` is a compiler back end's failure (inductor's code generation, Triton's compiler), not an error of
+    the traced code itself: what :func:`graphed` falls back from."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    names = {f"{type(x).__module__}.{type(x).__name__}" for x in (e, e.__cause__) if x is not None}
+    return isinstance(e, BackendCompilerFailed) or any(n.startswith(("torch._inductor.", "triton.")) for n in names)
+
+
+def graphed(step, fallback=None, name: str = "step"):
+    """``step`` (compiled ``mode="reduce-overhead"``) called as one step of a loop: a new CUDA-graph step begins at
+    every call (no output of an earlier call is read again by the graph), and the outputs are the caller's own
+    tensors (a clone of each; a loop keeps tokens and state across calls, which the next replay would overwrite).
+
+    ``fallback``: makes a step to use instead where the back end fails to build ``step`` (:func:`backend_failed`; a
+    failed build runs nothing, so the call is simply made again): dynamo's ``cudagraphs`` back end, which records
+    the traced graph's own kernels as a CUDA graph (no generated code; the launches saved, not the fusions). Said
+    once per step, as a warning."""
+    from torch.utils._pytree import tree_map_only
+    current = [step]
+
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        try:
+            out = current[0](*args, **kwargs)
+        except Exception as e:
+            if fallback is None or current[0] is not step or not backend_failed(e):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:200]
+            warnings.warn(f"{name}: inductor could not build this step for CUDA ({first}); it runs as a CUDA graph of "
+                          "its own kernels instead (torch.compile backend='cudagraphs')", stacklevel=2)
+            current[0] = fallback()
+            torch.compiler.cudagraph_mark_step_begin()
+            out = current[0](*args, **kwargs)
+        return tree_map_only(torch.Tensor, torch.clone, out)
+    run.current = current
+    return run

@@ -55,8 +55,10 @@ def gumbel_keys(seeds: Sequence[int], positions: int, device=None) -> torch.Tens
 
 def _log_uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """log u (*keys.shape, vocab) float32, u uniform in (0, 1), for position keys ``keys``."""
-    v = (torch.arange(vocab, device=keys.device, dtype=torch.long) * _GOLDEN) & M32
-    h = _mix(v ^ keys[..., None])
+    v = torch.arange(vocab, device=keys.device, dtype=torch.long)
+    if keys.device.type != "cpu":  # + 0 read from the keys: inductor's Triton code would otherwise fold v * _GOLDEN
+        v = v + (keys[..., None] & 0)  # into an int32 index expression, where _GOLDEN (> 2^31) does not fit
+    h = _mix(((v * _GOLDEN) & M32) ^ keys[..., None])
     return ((h >> 9).to(torch.float32) * (1.0 / 2 ** 23) + (0.5 / 2 ** 23)).log()  # u <= 1 - 2^-24 < 1 in fp32
 
 

@@ -9,24 +9,82 @@ Attention reads only the first ``length`` slots (``limit(n)``; all of them by de
 query will look past slot n - 1 sets it, so a step costs what the filled prefix costs, not the whole cache (at
 512 tokens, attention over the full cache is most of an early step). ``bucket(n)`` rounds a length up to one of
 a few values, for compiled steps (each distinct length is one graph).
+
+On CUDA the cache is what CUDA graphs need (gpt-fast keeps it as module buffers for the same reason): every tensor a
+step reads or writes in place is marked a static address (``torch._dynamo.mark_static_address``), so a step
+compiled ``mode="reduce-overhead"`` replays one recorded graph that updates the cache where it lies, instead of
+skipping CUDA graphs for a mutated input; the next cache of the same shape reuses those tensors (their addresses),
+so the recorded graphs replay again instead of being recorded anew. ``bucket`` is the whole cache there: one graph
+for every length, its unfilled slots masked (attention over a few hundred slots is not what a GPU step waits on;
+launches are).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
+
+
+def _static(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t`` a static input of compiled graphs (CUDA graphs record its address; ``guard=False``: another
+    tensor there is re-recorded, not recompiled)."""
+    import torch._dynamo
+    torch._dynamo.mark_static_address(t, guard=False)
+    return t
+
+
+# CUDA caches of the last POOL_SHAPES shapes, for reuse: a sampler call makes a new cache, and a new address would
+# make every compiled step record its CUDA graph again (and keep the old recording). A pooled cache's tensors go to
+# the next cache of the same shape once their holder is gone (never to two live caches). Keys and values are not
+# cleared: every slot a query reads is written first in its own run (the masks say which).
+POOL_SHAPES = 4
+STATIC_DEVICES = ("cuda",)  # device types whose caches are static addresses and pooled
+_POOL: dict[tuple, tuple[weakref.ref, tuple]] = {}
+
+
+def _reuse(key: tuple, owner) -> tuple | None:
+    entry = _POOL.get(key)
+    if entry is None or entry[0]() is not None:  # none pooled, or its holder is still alive
+        return None
+    _POOL.pop(key)
+    _POOL[key] = (weakref.ref(owner), entry[1])  # most recent last
+    return entry[1]
+
+
+def _keep(key: tuple, owner, tensors: tuple) -> None:
+    if key in _POOL and _POOL[key][0]() is not None:
+        return  # the pooled one is in use: this one stays unpooled
+    _POOL.pop(key, None)
+    _POOL[key] = (weakref.ref(owner), tensors)
+    while len(_POOL) > POOL_SHAPES:
+        _POOL.pop(next(iter(_POOL)))
 
 
 class KVCache:
     def __init__(self, n_layer: int, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         shape = (batch_size, n_kv_head, max_len, head_dim)
-        # one tensor per layer (not views of one big tensor): compiled steps then update them in place
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.static = torch.device(device).type in STATIC_DEVICES
+        key = (type(self), n_layer, shape, dtype, torch.device(device))
+        held = _reuse(key, self) if self.static else None
+        if held is not None:  # a finished cache's tensors, at the addresses its CUDA graphs were recorded with
+            self.k, self.v, self.slots, self.rows, self._mask = held
+            self.slots.copy_(torch.arange(max_len, device=device))  # hide() may have changed them
+        else:
+            # one tensor per layer (not views of one big tensor): compiled steps then update them in place
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+            # key slot index, used to build position-based masks without allocating per step
+            self.slots = torch.arange(max_len, device=device)
+            self.rows = torch.arange(batch_size, device=device)
+            self._mask = None  # mask_keys' tensor on a static cache (filled in place)
+            if self.static:
+                self._mask = torch.ones((batch_size, max_len), dtype=torch.bool, device=device)
+                for t in (*self.k, *self.v, self.slots, self.rows, self._mask):
+                    _static(t)
+                _keep(key, self, (self.k, self.v, self.slots, self.rows, self._mask))
         self.max_len = max_len
         self.batch_size = batch_size
-        # key slot index, used to build position-based masks without allocating per step
-        self.slots = torch.arange(max_len, device=device)
-        self.rows = torch.arange(batch_size, device=device)
         self.length = max_len  # slots attention reads (limit)
         self.write_slots = None  # write_at: where updates write instead of their positions
         self.key_mask = None  # (batch, max_len) bool, False = a padding key no query reads (mask_keys)
@@ -44,7 +102,9 @@ class KVCache:
         if valid is None:
             self.key_mask = None
             return
-        m = torch.ones((self.batch_size, self.max_len), dtype=torch.bool, device=valid.device)
+        m = self._mask if self._mask is not None else torch.ones((self.batch_size, self.max_len), dtype=torch.bool,
+                                                                 device=valid.device)
+        m.fill_(True)
         m[: valid.shape[0], : valid.shape[1]] = valid
         self.key_mask = m
 
@@ -74,7 +134,10 @@ class KVCache:
             vc[b, :, dst] = vc[b, :, src]
 
     def bucket(self, n: int, parts: int = 4) -> int:
-        """``n`` rounded up to a multiple of max_len / parts (at least 64 slots): few distinct lengths."""
+        """``n`` rounded up to a multiple of max_len / parts (at least 64 slots): few distinct lengths. On CUDA
+        max_len: one graph."""
+        if self.static:
+            return self.max_len
         step = max(64, -(-self.max_len // parts))
         return min(self.max_len, -(-int(n) // step) * step)
 

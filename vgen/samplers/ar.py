@@ -45,7 +45,7 @@ class ARSampler(Sampler):
         us = [c.clone() for c in u.t()]
         pos = torch.arange(model.cond_len, model.cond_len + L, device=dev)
         positions = [pos[t:t + 1] for t in range(L)]  # views: no host-to-device copy inside the loop
-        step = compiled(ar_decode_step) if o.compile else ar_decode_step
+        step = compiled(ar_decode_step, device=dev.type) if o.compile else ar_decode_step
         kw = dict(cfg=cfg, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
         # draw=gumbel: the draw at token t uses the noise of (seed, t), from its position keys (B,) per step
         gk = [c.clone() for c in gumbel_keys(seeds, L, dev).t()] if o.draw == "gumbel" else [None] * L

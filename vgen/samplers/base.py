@@ -76,7 +76,7 @@ class Options:
         default :func:`auto_compile` (a compiled decode step's saving against its warm-up)."""
         if not getattr(model, "auto_compiles", True):  # e.g. a transformers model: compiled only when asked
             return False
-        return auto_compile(model.seq_len, samples, batch_size)
+        return auto_compile(model.seq_len, samples, batch_size, next(model.parameters()).device.type)
 
 
 @dataclass
@@ -125,6 +125,11 @@ def compile_value(value) -> bool | str:
 # break-even they give are in docs/compile.md.
 AUTO_SAVED_S_PER_PASS = 0.003
 AUTO_WARMUP_S = 70.0
+# The same on CUDA, where the compiled step is a CUDA graph (docs/benchmarks-gpu.md, an H100): a pass saves from
+# 3.5 ms (photos-gpt) to 24 ms (LlamaGen XL); the first compiled call takes 12 s (B) to 33 s (XL). The smaller saving
+# and the larger warm-up: compile=auto compiles jobs from about 37 images of 256 tokens at batch 1.
+CUDA_SAVED_S_PER_PASS = 0.0035
+CUDA_WARMUP_S = 33.0
 _JOB: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("vgen_sampling_job", default=None)
 
 
@@ -146,15 +151,18 @@ def job_shape(samples: int, batch_size: int) -> tuple[int, int]:
     return _JOB.get() or (samples, batch_size)
 
 
-def auto_compile(seq_len: int, samples: int, batch_size: int) -> bool:
+def auto_compile(seq_len: int, samples: int, batch_size: int, device: str = "cpu") -> bool:
     """``compile=auto``'s decision for ``samples`` samples of ``seq_len`` tokens, ``batch_size`` per forward pass:
     compile when the job's forward passes (ceil(samples / batch_size) x seq_len; an upper bound for samplers that
     decide several tokens per pass) save more than the warm-up of each batch shape it compiles (a smaller last
-    batch is a second shape). It counts a cold inductor cache whatever the cache holds, so a command's choice
+    batch is a second shape), with the costs of ``device`` (a device type: CUDA's, else the CPU's). It counts a cold
+    inductor cache whatever the cache holds, so a command's choice
     (and its samples' bytes: compiled kernels round differently) never depends on earlier runs."""
     passes = -(-samples // batch_size) * seq_len
     shapes = 1 + (samples > batch_size and samples % batch_size != 0)
-    return passes * AUTO_SAVED_S_PER_PASS >= shapes * AUTO_WARMUP_S
+    saved, warmup = ((CUDA_SAVED_S_PER_PASS, CUDA_WARMUP_S) if device == "cuda"
+                     else (AUTO_SAVED_S_PER_PASS, AUTO_WARMUP_S))
+    return passes * saved >= shapes * warmup
 
 
 @dataclass

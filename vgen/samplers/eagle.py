@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from vgen.errors import VGenError
-from vgen.interfaces import FeatureModel, ModelSpec
+from vgen.interfaces import FeatureModel, ModelSpec, satisfies
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
@@ -402,7 +402,7 @@ class EagleSampler(SpeculativeSampler):
         return HeadChain(model, config, draft, slots)
 
     def check_draft(self, model, draft):
-        if not isinstance(model, FeatureModel):
+        if not satisfies(model, FeatureModel):
             raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
                             "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
         if not isinstance(draft, Drafter):

@@ -56,7 +56,7 @@ class NARSampler(Sampler):
         cache = model.new_cache(cond_in.shape[0])
         u = per_sample_uniforms(seeds, (L,), dev)
         kw = dict(cfg=cfg, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-        step = compiled(nar_decode_step, dynamic=True) if o.compile else nar_decode_step
+        step = compiled(nar_decode_step, dynamic=True, device=dev.type) if o.compile else nar_decode_step
 
         tokens = torch.empty((B, L), dtype=torch.long, device=dev)
         logp = torch.empty((B, L), dtype=torch.float32, device=dev)

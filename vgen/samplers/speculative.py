@@ -161,7 +161,7 @@ class SpeculativeSampler(Sampler):
         o = self.options
         config = self.step_config(model, o.max_window)
         source = self.draft_source(model, config, batch)
-        step = compiled(source.step_fn) if o.compile else source.step_fn
+        step = compiled(source.step_fn, device=next(model.parameters()).device.type) if o.compile else source.step_fn
         key = (self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q, o.coupling)
         return pass_costs(model, step, config, self.acceptance(model, codebook), source.step_args,
                           [w for w in WIDTHS if w <= o.max_window], batch=batch, key=key)

@@ -124,7 +124,7 @@ class ZipARSampler(Sampler):
         cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
         cache = model.new_cache(cond_in.shape[0])
         u = per_sample_uniforms(seeds, (L,), dev)  # AR's draws: window = width gives AR's tokens
-        step = compiled(zipar_step) if o.compile else zipar_step
+        step = compiled(zipar_step, device=dev.type) if o.compile else zipar_step
         kw = dict(cfg=cfg, cfg_interval=o.cfg_interval, cfg_scale=o.cfg_scale, temperature=o.temperature,
                   top_k=o.top_k, top_p=o.top_p)
 

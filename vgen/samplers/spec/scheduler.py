@@ -120,7 +120,7 @@ class Scheduler:
         t0 = time.perf_counter()
         N, L, D, dev = cond.shape[0], c.L, c.D, cond.device
         Wmax = D + 1
-        step = compiled(source.step_fn) if self.compile else source.step_fn
+        step = compiled(source.step_fn, device=dev.type) if self.compile else source.step_fn
         cache = source.new_cache(model, 2 * S if c.cfg else S)
         limit = self.prefix_attention
 
