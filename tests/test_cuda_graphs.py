@@ -187,3 +187,35 @@ def test_eagle_and_bfloat16_on_cuda():
     h = half.generate([0, 3], sampler="ar", seed=1, compile=False)
     assert h.stats["kv_cache_bytes"] * 2 == a.stats["kv_cache_bytes"]
     assert abs(h.stats["nll"] - a.stats["nll"]) < 0.3
+
+
+@pytest.mark.parametrize("name,opts", [("sjd", dict(window=4)), ("scd", dict(window=4)),
+                                       ("sjd", dict(window=4, init="vertical", coupling="maximal")),
+                                       ("lantern", dict(window=4, delta=0.2)), ("eagle", dict(window=4)),
+                                       ("eagle", dict(window=6, tree="2,2,1"))])
+def test_reading_the_counts_one_pass_late_gives_the_same_bytes(tiny_gpt, monkeypatch, name, opts):
+    """The GPU's lagged read (the host waits for pass k's counts only once pass k + 1 is queued), run here on the
+    CPU: the same tokens, log-probabilities (NLL) and step maps as the synchronous loop, with refills (7 samples in
+    slots of 3) and a given prefix; a run ends one pass later."""
+    import torch.nn.functional as F
+
+    from vgen.models.drafter import Drafter
+    from vgen.samplers.spec import scheduler
+    if name == "lantern":
+        opts = dict(opts, codebook=F.normalize(torch.randn(tiny_gpt.vocab_size, 8,
+                                                           generator=torch.Generator().manual_seed(0)), dim=-1))
+    if name == "eagle":
+        torch.manual_seed(0)
+        opts = dict(opts, draft=Drafter(tiny_gpt.config, "block").eval())
+    kw = dict(seed=2, cfg_scale=2.0, top_k=8, batch_size=3, prefix_attention=False, **opts)
+    labels = [0, 1, 2, 3, 0, 1, 2]
+    prefix = torch.randint(0, tiny_gpt.vocab_size, (7, 3), generator=torch.Generator().manual_seed(1))
+    for given in (None, prefix):
+        sync, st_s = sample(tiny_gpt, labels, name, prefix=given, **kw)
+        monkeypatch.setattr(scheduler, "LAG_DEVICES", ("cpu",))
+        lagged, st_l = sample(tiny_gpt, labels, name, prefix=given, **kw)
+        monkeypatch.setattr(scheduler, "LAG_DEVICES", ())
+        assert torch.equal(sync, lagged)
+        assert st_s["nll"] == st_l["nll"] and torch.equal(st_s["step_map"], st_l["step_map"])
+        assert st_s["accepted_per_step"] == st_l["accepted_per_step"]
+        assert st_s["forward_passes"] < st_l["forward_passes"] <= st_s["forward_passes"] + 7

@@ -49,6 +49,13 @@ def modulate(x, shift, scale):
     return x * (1 + scale) + shift
 
 
+@functools.lru_cache(maxsize=64)
+def _scalar(value: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A 0-d tensor of ``value`` on ``device``, made once: a head call per token would otherwise copy a Python number
+    to the GPU every time (a host round trip). Read only."""
+    return torch.tensor(value, device=device, dtype=dtype)
+
+
 class TimestepEmbedder(nn.Module):
     """Sinusoidal timestep features (cos first, then sin) through a 2-layer MLP."""
 
@@ -372,8 +379,8 @@ class DiffusionHead(nn.Module):
         dev, dt = z.device, z.dtype
         c_emb = self.net.cond_embed(z)                   # once per token, not per step
         t_emb = self.time_table(sch, dev, dt)            # once per schedule
-        cfg_t = (cfg.reshape(-1, 1) if torch.is_tensor(cfg) else torch.tensor(float(cfg))).to(dev, dt)
-        log_temp = torch.tensor(math.log(max(temperature, 1e-12)), device=dev, dtype=dt)
+        cfg_t = cfg.reshape(-1, 1).to(dev, dt) if torch.is_tensor(cfg) else _scalar(float(cfg), dev, dt)
+        log_temp = _scalar(math.log(max(temperature, 1e-12)), dev, dt)
         consts = sch.tensors(dev, dt)
         run = -(-HEAD_RUN // refresh) * refresh
         fn = self.compiled_reverse_steps() if compiled else self.reverse_steps

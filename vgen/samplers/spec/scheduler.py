@@ -12,6 +12,14 @@ State per slot b (:class:`SlotState`): tokens[b, :n[b]] decided, tokens[b, n[b]:
 distributions qwin[b] (D, V), the log-probability and the pass that decided every token, and running counts
 (passes, drafts checked, drafts accepted). Slot b passes at its own width wv[b] <= W: it checks its first
 wv[b] - 1 drafts and drafts anew after them, exactly as a pass of width wv[b] would.
+
+The host reads every slot's decided count once per pass (one transfer) to collect, refill and end. On a GPU
+(:data:`LAG_DEVICES`) with a fixed window that read lags one pass: the counts after pass k are copied out
+asynchronously, pass k + 1 is queued, and only then does the host wait for the copy, so the GPU computes while the
+host does its bookkeeping instead of idling at every pass. A finished slot's extra pass is a no-op (it decides,
+checks and writes nothing below L), each sample's uniforms are indexed by its own passes, so the tokens, their
+log-probabilities and step maps are the same bytes as without the lag; a slot is refilled and the run ends one
+pass later (that pass counts in ``forward_passes``).
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from vgen.kernels.decode import compiled
 from vgen.kernels.sampling import per_sample_uniforms
 from vgen.kernels.verify import window_target
 
+LAG_DEVICES = ("cuda",)  # device types whose fixed-window runs read the counts one pass behind (module docstring)
 
 @dataclass(frozen=True)
 class StepConfig:
@@ -195,8 +204,37 @@ class Scheduler:
         shown, before, width_sum, width_n = 0, None, 0, 0
         wv = torch.full((S,), Wmax, dtype=torch.long, device=dev)
         it_dev = torch.zeros((), dtype=torch.long, device=dev)  # the iteration, counted on the device
+        lag = dev.type in LAG_DEVICES and self.new_policy is None
+        if lag:
+            cuda = dev.type == "cuda"
+            counts_host = torch.empty((S, 4), dtype=torch.long, pin_memory=cuda)
+            copied = torch.cuda.Event() if cuda else None
+            # positions are known one pass late, so every pass reads the whole cache (launch)
+
+        def launch(st: SlotState, W: int) -> SlotState:
+            """Queue the next pass over every slot at width W."""
+            nonlocal it
+            it += 1
+            if lag:
+                cache.limit(None)  # (a refill's prefill limited it)
+            ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
+            it_dev.add_(1)
+            return step(model, cache, st, wv, ui, it_dev, W, c, self.rule, **source.step_args)
+
         while True:  # one host read per pass: every slot's position and counts, in one transfer
-            host = torch.cat([st.n[:, None], st.counts], 1).tolist()
+            if lag:  # the counts of this state leave first, then the next pass is queued, then the host waits
+                counts_host.copy_(torch.cat([st.n[:, None], st.counts], 1), non_blocking=True)
+                if copied is not None:
+                    copied.record()
+                if any(ow >= 0 for ow in owner):
+                    st = launch(st, Wmax)
+                    active = sum(ow >= 0 for ow in owner)
+                    width_sum, width_n = width_sum + Wmax * active, width_n + active
+                if copied is not None:
+                    copied.synchronize()
+                host = counts_host.tolist()
+            else:
+                host = torch.cat([st.n[:, None], st.counts], 1).tolist()
             n_host = [row[0] for row in host]
             if self.new_policy is not None and before is not None:  # what each sample's last pass accepted
                 for b in range(S):
@@ -224,7 +262,8 @@ class Scheduler:
             shown = done
             if all(ow < 0 for ow in owner):
                 break
-            it += 1
+            if lag:
+                continue
             # attention reads the filled prefix only: the furthest position an active sample feeds, plus one
             front = max(n_host[b] for b in range(S) if owner[b] >= 0)
             if self.new_policy is not None:
@@ -239,11 +278,9 @@ class Scheduler:
             width_sum, width_n = width_sum + sum(act), width_n + len(act)
             seen = model.cond_len + min(L - 1, front + W - 2) + 1
             cache.limit((cache.bucket(seen) if self.compile else seen) if limit else None)
-            ui = u[slot_rows, (it - start).clamp(0, L - 1)]  # each sample's own uniforms for its own step
             if self.new_policy is not None:  # fixed window: wv stays all Wmax; else an asynchronous upload
                 wv = torch.as_tensor(widths).to(dev, non_blocking=True).clamp_max(W)
-            it_dev += 1
-            st = step(model, cache, st, wv, ui, it_dev, W, c, self.rule, **source.step_args)
+            st = launch(st, W)
         bar.close()
         stats = {"forward_passes": it + prefills, "tokens": N * (L - P), "seconds": time.perf_counter() - t0,
                  "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp[:, P:].mean()),
