@@ -163,3 +163,16 @@ def test_a_broken_model_file_is_refused_before_anything_is_written(tiny_pipeline
                     capsys)
     assert code == 2 and "gpt.safetensors" in err, err
     assert not out.exists()
+
+
+def test_a_window_wider_than_a_sample_is_that_sample(tiny_gpt):
+    """`window=100000` (wider than the image) is clamped to the sample's tokens: the same bytes as window=L, no
+    100000-wide buffers; max_window alike (window=auto with costs past L)."""
+    from vgen.samplers import sample
+    L = tiny_gpt.seq_len
+    wide, st = sample(tiny_gpt, [0, 1], "sjd", seed=4, cfg_scale=2.0, window=100000)
+    exact, _ = sample(tiny_gpt, [0, 1], "sjd", seed=4, cfg_scale=2.0, window=L)
+    assert torch.equal(wide, exact) and st["mean_window"] <= L
+    auto, _ = sample(tiny_gpt, [0, 1], "sjd", seed=4, cfg_scale=2.0, window="auto", max_window=100000,
+                     costs="1:1,2:1.1,4:1.2,8:1.3,16:1.4,32:1.5")
+    assert auto.shape == (2, L)

@@ -374,6 +374,27 @@ def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_
     assert torch.equal(ar_loop, ar) and st["mean_window"] == 1.0 and st["forward_passes"] == st_ar["forward_passes"]
 
 
+def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
+    """window=auto in a job smaller than TIMED_JOB_RATIO x the timing's samples: no timing (nothing cached), the
+    small-job width (its tokens exactly); a job large enough, or one whose timing is cached, times / uses it."""
+    from vgen.samplers.base import sampling_job
+    from vgen.samplers.spec import widths
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
+    kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
+    need = widths.TIMED_JOB_RATIO * widths.timing_samples([2, 4], 2)
+    small, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    fixed, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=widths.SMALL_JOB_WINDOW, **kw)
+    assert torch.equal(small, fixed) and st["mean_window"] == widths.SMALL_JOB_WINDOW
+    assert not (tmp_path / "spec_speed.json").exists()
+    with sampling_job(need, 2):  # a job that repays the timing: timed (then cached for every job)
+        sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    assert (tmp_path / "spec_speed.json").exists()
+    (speed,) = json.loads((tmp_path / "spec_speed.json").read_text()).values()
+    cached, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)  # small again, but the timing is known
+    assert st["mean_window"] == widths.timed_choice({int(w): v for w, v in speed.items()})
+
+
 def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
     """scd's job rule prices widths from per-pass costs: measured once per settings and job batch, cached."""
     from vgen.samplers import speculative

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from vgen.errors import VGenError
@@ -30,8 +31,8 @@ from vgen.samplers.base import Sampler, SamplingOptions, get_sampler, job_shape,
 from vgen.samplers.spec.jacobi import JacobiDrafts, JacobiOptions
 from vgen.samplers.spec.rules import TokenRule
 from vgen.samplers.spec.scheduler import Scheduler, StepConfig
-from vgen.samplers.spec.widths import (WIDTHS, WidthPolicy, best_job_width, can_pay, parse_costs, pass_costs,
-                                       pass_tokens, timed_width)
+from vgen.samplers.spec.widths import (SMALL_JOB_WINDOW, WIDTHS, WidthPolicy, best_job_width, can_pay, parse_costs,
+                                       pass_costs, pass_tokens, timed_width)
 
 
 @dataclass
@@ -40,7 +41,8 @@ class SpeculativeOptions(SamplingOptions):
     window: int | str = option("auto", "tokens per forward pass: the last accepted one plus window-1 drafts; auto "
                                "(cost-aware): the width 2 / 4 / 8 (or AR's own loop) with the most tokens per "
                                "second in whole runs timed once per model, device, settings and the job's batch "
-                               "size (cached on disk); with costs given, chosen for each sample before every pass "
+                               "size (cached on disk; a job too small to repay that timing runs at 4); with costs "
+                               "given, chosen for each sample before every pass "
                                "from those costs and the acceptance it observes (width 1 = a plain AR step)")
     max_window: int = option(8, "window=auto: the widest pass it may choose")
 
@@ -53,6 +55,11 @@ class SpeculativeOptions(SamplingOptions):
                             f"draft), got {self.window!r}")
         if self.max_window < 2:
             raise VGenError(f"max_window must be >= 2, got {self.max_window}")
+        tokens = math.prod(spec.token_shape) if spec is not None and spec.token_shape else None
+        if tokens is not None:  # a pass never needs more than a sample's tokens: a wider window is this one
+            if isinstance(self.window, int) and self.window > tokens:
+                self.window = tokens
+            self.max_window = max(2, min(self.max_window, tokens))
 
 
 @dataclass
@@ -134,7 +141,10 @@ class SpeculativeSampler(Sampler):
         if self.width_rule == "timed" and not given:  # one timed width for the job, or AR's loop
             b = min(samples, job_batch)
             w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.run_width(
-                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft))
+                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
+                progress=progress)
+            if w is None:  # a job smaller than the timing would be: a fixed width, no timing
+                w = min(SMALL_JOB_WINDOW, o.max_window)
             if w == 1:
                 return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
             return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)

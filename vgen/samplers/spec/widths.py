@@ -143,6 +143,17 @@ TIMED_MARGIN = 1.1
 TIMED_FLOOR = 1.0
 TIMED_ROUNDS = 3
 TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
+# A job times the widths only when it has TIMED_JOB_RATIO times the samples the timing draws (or the timing is cached):
+# a smaller one would spend more on timing than any width can save it (96 samples' worth at batch 1, two minutes on
+# a 2-core CPU, for `vgen sample num_samples=1`); it runs at SMALL_JOB_WINDOW instead, the width every speculative
+# sampler gained at on the zoo (docs/samplers.md).
+TIMED_JOB_RATIO = 4
+SMALL_JOB_WINDOW = 4
+
+
+def timing_samples(widths: list[int], batch: int) -> int:
+    """The samples the timed rule draws for AR's loop and ``widths`` at ``batch``: its cost, in samples."""
+    return TIMED_ROUNDS * (1 + len(widths)) * max(TIMED_SAMPLES, batch)
 
 
 def timed_choice(speeds: dict[int, list[float]]) -> int:
@@ -158,14 +169,17 @@ def timed_choice(speeds: dict[int, list[float]]) -> int:
     return w if statistics.median(ratios[w]) >= TIMED_MARGIN else 1
 
 
-def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = ()) -> int:
+def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = (), job: int | None = None,
+                progress: bool = False) -> int | None:
     """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler.plain_ar``) and
     ``run(w, cond, seeds)`` (the sampler at fixed width w, ``batch`` samples per pass) for each of ``widths`` are
     timed whole -- target passes, verification, drafting and the loop's host work -- on ``max(TIMED_SAMPLES,
     batch)`` samples of fixed classes and seeds, in ``TIMED_ROUNDS`` interleaved rounds (compiled runs get one
     untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
     ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
-    threads, torch version, settings and batch; :func:`timed_choice` decides."""
+    threads, torch version, settings and batch; :func:`timed_choice` decides. ``job``: the job's samples; a job too
+    small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing). ``progress``: a bar that says
+    what is being timed."""
     import dataclasses
 
     from vgen.io import atomic_write_json
@@ -176,6 +190,8 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
         sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
         torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS])
     if not all(w in known for w in [1] + widths):
+        if job is not None and job < TIMED_JOB_RATIO * timing_samples(widths, batch):
+            return None
         k = max(TIMED_SAMPLES, batch)
         cond = example_cond(model, k, w0.device)
         seeds = [2 ** 62 + i for i in range(k)]
@@ -186,11 +202,17 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
             if o.compile:
                 for _, go in runs:
                     go(cond[:batch], seeds[:batch])
+            from tqdm.auto import tqdm
+            bar = tqdm(total=TIMED_ROUNDS * len(runs), disable=not progress, leave=False, unit="run",
+                       desc=f"{sampler.name} window=auto: timing AR and widths {'/'.join(map(str, widths))} on {k} "
+                            "samples (once per model, settings and machine; cached)")
             for _ in range(TIMED_ROUNDS):
                 for w, go in runs:
                     t0 = time.perf_counter()
                     go(cond, seeds)
                     speeds[w].append(k * model.seq_len / (time.perf_counter() - t0))
+                    bar.update()
+            bar.close()
         known.update(speeds)
         table[name] = {str(w): v for w, v in sorted(known.items())}
         atomic_write_json(path, table)
