@@ -376,7 +376,8 @@ def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_
 
 def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     """window=auto in a job smaller than TIMED_JOB_RATIO x the timing's samples: no timing (nothing cached), the
-    small-job width (its tokens exactly); a job large enough, or one whose timing is cached, times / uses it."""
+    small-job width (its tokens exactly); a job large enough, one whose timing is cached, or any job inside
+    ``time_any_job`` (vgen bench's cells) times / uses it."""
     from vgen.samplers.base import sampling_job
     from vgen.samplers.spec import widths
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
@@ -387,6 +388,10 @@ def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     fixed, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=widths.SMALL_JOB_WINDOW, **kw)
     assert torch.equal(small, fixed) and st["mean_window"] == widths.SMALL_JOB_WINDOW
     assert not (tmp_path / "spec_speed.json").exists()
+    with widths.time_any_job():  # vgen bench: a small cell stands for large jobs, timed
+        sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    assert (tmp_path / "spec_speed.json").exists()
+    (tmp_path / "spec_speed.json").unlink()
     with sampling_job(need, 2):  # a job that repays the timing: timed (then cached for every job)
         sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
     assert (tmp_path / "spec_speed.json").exists()

@@ -167,6 +167,7 @@ def run(p: Plan) -> tuple[dict, dict]:
     from tqdm.auto import tqdm
 
     from vgen.pipeline import Pipeline
+    from vgen.samplers.spec.widths import time_any_job
     cfg = p.cfg
     pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
 
@@ -180,7 +181,8 @@ def run(p: Plan) -> tuple[dict, dict]:
         sampler = pipe.make_sampler(name, **o)
         cond = pipe.encode(examples(pipe.card, n))
         t0 = time.perf_counter()
-        _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
+        with time_any_job():  # window=auto as a large job runs it: timed, not the small-job width
+            _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
         per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
         return {**numeric(st), **per_depth, "seconds": time.perf_counter() - t0}
 
@@ -314,7 +316,8 @@ def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int, job_
     from vgen.samplers.base import sampling_job
     pipe = pipes[model]
     name, o = p.sampler_options(setting, model)
-    with sampling_job(n, job_batch or max(p.cfg.batch_sizes)):
+    from vgen.samplers.spec.widths import time_any_job
+    with sampling_job(n, job_batch or max(p.cfg.batch_sizes)), time_any_job():  # as the timed cells ran
         return pipe.generate(**examples(pipe.card, n).record(), sampler=name, seed=p.cfg.seed,
                              batch_size=max(p.cfg.batch_sizes), **o).pixels
 
