@@ -20,3 +20,11 @@ def cli_refusal(args, capsys) -> tuple[int, str]:
     err = capsys.readouterr().err.strip()
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     return e.value.code, err
+
+
+def interruptible():
+    """``preexec_fn`` for a child process a test interrupts with SIGINT: Ctrl-C's default action, whatever the test
+    run inherited (a shell's background job, e.g. `nohup bash .ci/run &`, ignores SIGINT, and its children would too;
+    Python keeps an ignored SIGINT ignored)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

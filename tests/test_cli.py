@@ -74,7 +74,7 @@ def test_sample_output_matches_python_api(tiny_pipeline, tmp_path):
     (["sampler.top_k=100000"], "above the vocabulary size"),
     (["sampler.top_p=0"], "top_p must be in (0, 1]"),
     (["sampler.cfg_scale=-1"], "cfg_scale must be >= 0"),
-    (["num_samples=0"], "num_samples must be >= 1"),
+    (["num_samples=0"], "num_samples must be a whole number >= 1"),
     (["sampler.temperature=nan"], "temperature must be a finite number"),
     (["seed=-1"], "seed must be a whole number in 0.."),
     (["device=cuda:7"], "device='cuda:7'"),

@@ -298,3 +298,17 @@ def test_images_are_shown_at_a_whole_scale_without_blur():
     a = shown(x, "/tmp", "x")
     assert a.shape == (256, 256, 3) and (a[::4, ::4] == x.permute(1, 2, 0).numpy()).all()
     assert (a[1::4, 2::4] == x.permute(1, 2, 0).numpy()).all()  # each pixel a 4x4 square
+
+
+def test_a_closed_page_runs_no_further_sampler(demo, monkeypatch):
+    """The race is lazy: each sampler runs when the page asks for the next result, so when gradio stops iterating
+    a job whose page is gone, the samplers not yet run never run (and the one slot is free again)."""
+    calls = []
+    pipe = demo.pipeline("photos-gpt")
+    real = pipe.generate
+    monkeypatch.setattr(pipe, "generate", lambda **kw: calls.append(kw["sampler"]) or real(**kw))
+    race = demo.race_iter("photos-gpt", None, "3: cat", 5, ["sjd", "scd"], {"window": 4, "top_k": 50})
+    first = next(race)
+    assert first["sampler"] == "ar" and first["speedup"] == 1.0 and first["of"] == 3 and calls == ["ar"]
+    race.close()  # the page is gone
+    assert calls == ["ar"]

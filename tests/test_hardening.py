@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from guards import interruptible
 from vgen.errors import VGenError
 
 
@@ -174,7 +175,8 @@ def test_two_concurrent_runs_in_one_folder(tiny_pipeline, tmp_path):
            "sampler.compile=false", f"outdir={out}", "num_samples=100000"]
     log = tmp_path / "first.log"  # a file, not a pipe: a long run can never block on a full pipe buffer
     with open(log, "w") as f:
-        first = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env)
+        first = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
+                                 preexec_fn=interruptible)
 
     def said() -> str:
         return log.read_text()
@@ -271,7 +273,8 @@ def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path):
     assert list(work.iterdir()) == []
     out = work / "run"
     cmd = base + ["num_samples=100000", "batch_size=1", "sampler.compile=false", f"outdir={out}"]
-    p = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=interruptible)
     t0 = time.time()
     while not (out / "000001.png").exists() and time.time() - t0 < 120 and p.poll() is None:
         time.sleep(0.05)

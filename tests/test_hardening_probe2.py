@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from guards import cli_refusal as cli
+from guards import interruptible
 from vgen.errors import VGenError
 
 
@@ -16,10 +17,10 @@ from vgen.errors import VGenError
     (["sample", "num_samples=99999999999999999999"], "more than there are seeds"),
     (["sample", "outdir=my", "samples"], "quote a value with spaces"),
     (["bench", "samplers=[]"], "samplers is empty"),
-    (["bench", "batch_sizes=[0]"], "batch_sizes must be"),
+    (["bench", "batch_sizes=[0]"], "batch_sizes must list whole numbers >= 1"),
     (["scalekv", "calibrate", "max_ratio=-3"], "max_ratio must be a finite number >= 1"),
-    (["eval", "fid", "samples=photos-train", "batch_size=0"], "batch_size must be >= 1"),
-    (["eval", "fid", "samples=photos-train", "kid_subset_size=-1"], "kid_subset_size must be >= 2"),
+    (["eval", "fid", "samples=photos-train", "batch_size=0"], "batch_size must be a whole number >= 1"),
+    (["eval", "fid", "samples=photos-train", "kid_subset_size=-1"], "kid_subset_size must be a whole number >= 2"),
     (["train", "recipe=vq", "recipe.out=/proc/foo"], "recipe.out=/proc/foo cannot be written"),
     (["train", "recipe=vq", "recipe.lr=nan"], "recipe.lr must be a finite number > 0"),
     (["train", "recipe=vq", "recipe.steps=-1"], "recipe.steps must be a whole number >= 0"),
@@ -128,7 +129,7 @@ def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path):
     if exe is None:
         pytest.skip("the vgen console script is not on PATH")
     p = subprocess.Popen([exe, "sample", f"outdir={tmp_path / 'out'}"], cwd=tmp_path, stderr=subprocess.PIPE,
-                         stdout=subprocess.DEVNULL, text=True)
+                         stdout=subprocess.DEVNULL, text=True, preexec_fn=interruptible)
     time.sleep(1.0)  # inside the imports on this machine (torch alone takes seconds); a loaded one is later still
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)

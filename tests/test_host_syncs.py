@@ -43,10 +43,10 @@ class HostTrips(TorchDispatchMode):
 @contextlib.contextmanager
 def counting(model):
     """Count host trips while ``model`` samples; each ``decode`` / ``decode_features`` call (a forward pass over
-    new tokens) opens an interval."""
+    new tokens; a masked model's ``conditions``) opens an interval."""
     trips = HostTrips()
     tolist = torch.Tensor.tolist
-    names = ("decode", "decode_features")
+    names = [k for k in ("decode", "decode_features", "conditions") if hasattr(model, k)]
     own = {k: model.__dict__.get(k) for k in names}  # methods patched on the instance already (restored after)
 
     def counted_tolist(self):
@@ -131,3 +131,29 @@ def test_the_counter_sees_a_read_and_an_upload(tiny_gpt):
         del tiny_gpt.decode
     loop = per_pass(trips)
     assert all(c["reads"] >= 1 and c["uploads"] >= 1 for c in loop)
+
+
+def test_continuous_ar_makes_no_round_trip_per_token():
+    """AR over continuous tokens (a CAR model: the transformer step, then the diffusion head per token): no host read
+    and no upload per token (the head's guidance and temperature constants are made once per device)."""
+    from test_continuous import tiny_car
+    model = tiny_car(0)
+    with counting(model) as trips:
+        tokens, _ = sample(model, [0, 1], "ar", seed=0, cfg_scale=2.0, num_sampling_steps=4)
+    loop = per_pass(trips)
+    assert len(loop) >= 5
+    assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop
+
+
+def test_mar_makes_no_round_trip_per_pass():
+    """MAR's passes (the encoder drops the unknown tokens by the schedule's count; the head's constants are made once):
+    no host read and no upload per pass."""
+    from test_mar import TINY
+    from vgen.models import build
+    torch.manual_seed(0)
+    model = build("mar", **TINY).eval()
+    with counting(model) as trips:
+        sample(model, [0, 1], "mar", seed=0, cfg_scale=2.0, num_iter=8)
+    loop = per_pass(trips)
+    assert len(loop) >= 5
+    assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop

@@ -253,3 +253,25 @@ def test_mar_released_sizes_need_no_config(dim, depth, heads, dd, dw, name):
     inferred = infer_mar(sd)
     assert preset_name("mar", inferred) == name
     assert MARConfig(**inferred) == cfg
+
+
+def test_a_known_unknown_count_drops_tokens_without_a_host_read(tiny_mar):
+    """enc_dec with the schedule's count of unknown tokens: the same conditions, bit for bit, as with the count read
+    from the mask (and the same as boolean indexing, the official form), and no host read of the mask (a GPU sync
+    per pass before)."""
+    from test_host_syncs import HostTrips
+    torch.manual_seed(0)
+    B, L, C = 4, tiny_mar.seq_len, tiny_mar.token_channels
+    tokens = torch.randn(B, L, C)
+    order = torch.rand(B, L).argsort(-1)
+    mask = torch.zeros(B, L).scatter(-1, order[:, : L // 3], 1.0)
+    emb = tiny_mar.class_embedding(torch.arange(B) % 3)
+    with torch.no_grad():
+        read = tiny_mar.enc_dec(tokens, mask, emb)
+        trips = HostTrips()
+        with trips:
+            known = tiny_mar.enc_dec(tokens, mask, emb, unknown=L // 3)
+        kept = torch.cat([torch.ones(B, tiny_mar.buffer_size, dtype=torch.bool), ~mask.bool()], 1)
+        assert torch.equal(tiny_mar.kept_positions(mask, L // 3), kept.nonzero()[:, 1].reshape(B, -1))
+    assert torch.equal(read, known)
+    assert sum(c["reads"] for c in trips.intervals) == 0

@@ -176,8 +176,11 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         from vgen.threads import set_threads
+        from vgen import validate
+        from vgen.configs import SCHEMAS
         before = torch.get_num_threads()
         try:
+            validate.config(cfg, SCHEMAS[command])  # every command's own fields, by its schema's rules, first
             set_threads(cfg.get("threads"))  # this process's share of the cores unless threads= says otherwise
             return task(cfg)
         except VGenError as e:

@@ -118,6 +118,12 @@ class Demo:
              progress=None, prompt: str | None = None) -> list[dict]:
         """Run the model's plain sampler (the baseline) and every chosen sampler on (class or prompt, seed);
         everything is validated before any sampling, and an option none of the samplers takes is an error."""
+        return list(self.race_iter(model, folder, cls, seed, samplers, options, progress, prompt))
+
+    def race_iter(self, model: str, folder: str | None, cls, seed, samplers: list[str], options: dict,
+                  progress=None, prompt: str | None = None):
+        """:meth:`race`, one result at a time (the baseline first; each with its speed-up over it), every input
+        checked before the first: a caller that stops iterating (the web page closed) runs no further sampler."""
         from vgen.samplers import check_fits, list_samplers, plain_sampler, sampler_class
         name = self.resolve_model(model, folder)
         c, s = self.condition(name, cls, prompt), self.parse_seed(seed)
@@ -150,24 +156,23 @@ class Demo:
                 runs.append((x, x, o))
         pipe = self.pipeline(name)
         grid = tuple(pipe.model.token_shape)
-        results = []
+        base_run = None
         for k, (label, x, o) in enumerate(runs):
             if progress is not None:
                 progress(k / len(runs), desc=f"{label} ({k + 1}/{len(runs)})")
             t0 = time.perf_counter()
             gen = pipe.generate(**c, sampler=x, seed=s, **o)
             sec = time.perf_counter() - t0
-            results.append({"sampler": label, "image": gen.pixels[0], "seconds": gen.stats["sample_seconds"],
-                            "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
-                            "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) in (2, 3) else None,
-                            "grid": grid, "options": o, "kv_cache_bytes": gen.stats.get("kv_cache_bytes")})
-        if progress is not None:
-            progress(1.0, desc="done")
-        ar = results[0]
-        for r in results:
-            r["speedup"] = ar["seconds"] / r["seconds"]
-            r["pass_reduction"] = ar["forward_passes"] / r["forward_passes"]
-        return results
+            r = {"sampler": label, "image": gen.pixels[0], "seconds": gen.stats["sample_seconds"],
+                 "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
+                 "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) in (2, 3) else None,
+                 "grid": grid, "options": o, "kv_cache_bytes": gen.stats.get("kv_cache_bytes"), "of": len(runs)}
+            base_run = base_run or r
+            r["speedup"] = base_run["seconds"] / r["seconds"]
+            r["pass_reduction"] = base_run["forward_passes"] / r["forward_passes"]
+            if k == len(runs) - 1 and progress is not None:
+                progress(1.0, desc="done")
+            yield r
 
     def generate_one(self, cls, seed, sampler: str = "ar", model: str = "photos-gpt") -> np.ndarray:
         """The API endpoint: one image with the model card's settings (uint8 HxWx3; served as PNG)."""
@@ -260,6 +265,20 @@ def shown(pixels: torch.Tensor, folder: str, name: str, size: int = 256):
     return str(path)
 
 
+def shown_results(results: list[dict], out: str):
+    """What the page shows for the results so far: (gallery of samples, gallery of step heatmaps, speed table)."""
+    base = results[0]["sampler"]
+    alone = ": choose another sampler to race it)" if results[0]["of"] == 1 else ")"
+    images = [(shown(r["image"], out, f"{k}"), f"{r['sampler']}: {r['seconds']:.2f} s, {r['forward_passes']} passes"
+               + (f", {r['speedup']:.2f}x {base}" if k else " (the baseline" + alone))
+              for k, r in enumerate(results)]
+    maps = [(step_heatmap(r["step_map"], r["grid"]), f"{r['sampler']}: {r['forward_passes']} passes")
+            for r in results if r["step_map"] is not None]
+    table = [[r["sampler"], round(r["seconds"], 3), r["forward_passes"], round(r["speedup"], 2),
+              round(r["pass_reduction"], 2)] for r in results]
+    return images, maps, table
+
+
 def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
     import gradio as gr
 
@@ -307,27 +326,22 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
     fields = option_fields()
 
     def on_generate(model, folder, cls, prompt, seed, chosen, *values, progress=gr.Progress()):
+        """A generator: the gallery and table grow as each sampler finishes, and a closed page (gradio stops
+        iterating a job whose client is gone) runs no further sampler."""
         try:
             card = Card.load(demo.resolve_model(model, folder))
             opts = parse_options(fields, values, list(chosen or []), card)
             from vgen.samplers import sampler_class
             if "window" not in opts and any("window" in sampler_class(x, card).Options.names() for x in chosen or []):
                 opts["window"] = DEMO_WINDOW  # fast first Generate: no calibration run (window=auto calibrates)
-            results = demo.race(model, folder, cls, seed, chosen, opts, progress=progress, prompt=prompt)
+            runs = demo.race_iter(model, folder, cls, seed, chosen, opts, progress=progress, prompt=prompt)
+            results = []
+            out = tempfile.mkdtemp(prefix="vgen-demo-")
+            for r in runs:
+                results.append(r)
+                yield shown_results(results, out)
         except VGenError as e:
             raise gr.Error(str(e), print_exception=False) from None
-        base = results[0]["sampler"]
-        out = tempfile.mkdtemp(prefix="vgen-demo-")
-        images = [(shown(r["image"], out, f"{k}"), f"{r['sampler']}: {r['seconds']:.2f} s, "
-                   f"{r['forward_passes']} passes" + (f", {r['speedup']:.2f}x {base}" if k else
-                                                       " (the baseline" + (": choose another sampler to race it)"
-                                                                           if len(results) == 1 else ")")))
-                  for k, r in enumerate(results)]
-        maps = [(step_heatmap(r["step_map"], r["grid"]), f"{r['sampler']}: {r['forward_passes']} passes")
-                for r in results if r["step_map"] is not None]
-        table = [[r["sampler"], round(r["seconds"], 3), r["forward_passes"], round(r["speedup"], 2),
-                  round(r["pass_reduction"], 2)] for r in results]
-        return images, maps, table
 
     with gr.Blocks(title="vgen: samplers side by side") as app:
         gr.Markdown("# vgen: samplers side by side\nOne model, one class, one seed: every sampler against AR. "

@@ -213,9 +213,11 @@ class ContinuousNextTokenModel(DiffusionHeadModel, Protocol):
 class MaskedModel(DiffusionHeadModel, Protocol):
     """Bidirectional masked model (MAR): every call sees all known tokens and predicts conditions everywhere."""
 
-    def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor,
+                   unknown: int | None = None) -> torch.Tensor:
         """Tokens (B, L, C) with ``mask`` (B, L) (1 = unknown, to predict), class ids (B,) (the null class for
-        the unconditional rows) -> head conditions (B, L, D)."""
+        the unconditional rows) -> head conditions (B, L, D). ``unknown``: how many tokens every row's mask hides,
+        when the caller knows it (no host read of the mask: a sampler's schedule says it)."""
 
 
 # ---- tokenizers -----------------------------------------------------------------------------------------------

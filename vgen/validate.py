@@ -143,3 +143,37 @@ def out_file(path, key: str = "out") -> Path:
     if why:
         raise VGenError(f"{key}={path} cannot be written ({why}): choose a file in a folder you can write to")
     return p
+
+
+def config(cfg, schema) -> None:
+    """The rules a command's schema states for its own fields (:mod:`vgen.configs`: ``at_least``, ``writes``,
+    ``reads``), checked in one place before the command runs, whatever the command: every float finite, a number at
+    least its minimum (each item of a list), a folder or file it writes writable (nothing created), a file it reads
+    present; and the inputs every command shares by name, each by its one rule here: ``seed``, ``device``,
+    ``dtype``. Values Hydra already typed; a field left at None (null) is not checked."""
+    import dataclasses
+    import math
+    import typing
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        v = cfg.get(f.name) if hasattr(cfg, "get") else getattr(cfg, f.name, None)
+        if v is None:
+            continue
+        items = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else [v]
+        floats = float in (typing.get_args(hints[f.name]) or (hints[f.name],))
+        if floats and any(isinstance(x, float) and not math.isfinite(x) for x in items):
+            raise VGenError(f"{f.name} must be a finite number, got {v}")
+        lo = f.metadata.get("min")
+        if lo is not None and any(x < lo for x in items if isinstance(x, (int, float)) and not isinstance(x, bool)):
+            kind = "finite number" if floats else "whole number"
+            listed = not (len(items) == 1 and items[0] is v)
+            raise VGenError(f"{f.name} must {f'list {kind}s' if listed else f'be a {kind}'} >= {lo}, got {v}")
+        if f.metadata.get("writes") == "dir":
+            outdir(v, f.name)
+        elif f.metadata.get("writes") == "file":
+            out_file(v, f.name)
+        if f.metadata.get("reads") and not Path(os.path.expanduser(str(v))).exists():
+            raise VGenError(f"{f.name}={v} does not exist: give a file that does")
+        shared = {"seed": seed, "device": device, "dtype": dtype}.get(f.name)
+        if shared is not None:
+            shared(v)

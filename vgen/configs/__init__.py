@@ -71,6 +71,25 @@ def chosen_on_command_line(key: str) -> bool:
     return any(o.split("=")[0].lstrip("+~") == key for o in command_line())
 
 
+def at_least(default, lo, **kw):
+    """A schema field whose value (each item, for a list) is a whole number or a finite number >= ``lo``: checked by
+    :func:`vgen.validate.config` before any command runs. A float field is always checked finite."""
+    if callable(default):
+        return field(default_factory=default, metadata={"min": lo, **kw})
+    return field(default=default, metadata={"min": lo, **kw})
+
+
+def writes(default, kind: str):
+    """A schema field naming where a command writes: ``kind`` "dir" (a folder that exists or can be created) or
+    "file" (a file whose folder is writable); checked, nothing created, before any command runs."""
+    return field(default=default, metadata={"writes": kind})
+
+
+def reads(default):
+    """A schema field naming a file a command reads: when given, it must exist (checked before any command runs)."""
+    return field(default=default, metadata={"reads": True})
+
+
 @dataclass
 class ModelSchema:
     """The ``model=<zoo name>`` config node (one per zoo pipeline: ``register``)."""
@@ -83,20 +102,20 @@ class SampleSchema:
     model: Any = None
     sampler: Any = None
     labels: Optional[list[int]] = None  # null: cycle through every class
-    num_samples: int = 16
-    samples_per_class: Optional[int] = None  # set: num_samples = this x the model's classes (labels must be null)
+    num_samples: int = at_least(16, 1)
+    samples_per_class: Optional[int] = at_least(None, 1)  # set: num_samples = this x the model's classes (labels must be null)
     seed: int = 0
-    batch_size: int = 8
-    outdir: str = "samples"
+    batch_size: int = at_least(8, 1)
+    outdir: str = writes("samples", "dir")
     device: str = "cpu"
     dtype: Optional[str] = None  # the model's weights and KV cache: float32 | bfloat16 | float16; null: the card's
-    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores (vgen.threads)
-    grid_nrow: int = 8
+    threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
+    grid_nrow: int = at_least(8, 1)
     progress: bool = True
-    prompt: Optional[str] = None  # video models: a clip (MP4 / GIF) whose first prompt_frames frames are continued
-    prompt_frames: int = 1
+    prompt: Optional[str] = reads(None)  # video models: a clip (MP4 / GIF) whose first prompt_frames are continued
+    prompt_frames: int = at_least(1, 1)
     prompts: Optional[list[str]] = None  # text models: cycled over the samples
-    prompt_file: Optional[str] = None  # text models: .txt (one per line), .jsonl / .csv (a caption column)
+    prompt_file: Optional[str] = reads(None)  # text models: .txt (one per line), .jsonl / .csv (a caption column)
     prompt_column: Optional[str] = None  # .jsonl / .csv: the column (default: caption, prompt or text)
 
 
@@ -104,39 +123,39 @@ class SampleSchema:
 class BenchSchema:
     models: list[str] = field(default_factory=lambda: ["photos-gpt"])  # `vgen bench model=<name>` sets one (vgen.cli)
     samplers: list[str] = field(default_factory=lambda: ["ar"])  # "name" or "name:key=value,key=value"
-    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
-    num_samples: int = 8  # images per cell and repeat, generated in batches of batch_size
-    repeats: int = 3
+    batch_sizes: list[int] = at_least(lambda: [1, 8], 1)
+    num_samples: int = at_least(8, 1)  # images per cell and repeat, generated in batches of batch_size
+    repeats: int = at_least(3, 1)
     warmup: bool = True
     seed: int = 0
     baseline: bool = True  # include the official-style LlamaGen generate() loop
     compile: bool = True
-    outdir: str = "bench"
+    outdir: str = writes("bench", "dir")
     device: str = "cpu"
     dtype: Optional[str] = None  # every model's weights and KV cache (float32 | bfloat16 | float16); null: the card's
-    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
+    threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
     options: dict = field(default_factory=dict)
-    fid_samples: int = 0  # FID-photo of this many samples per setting (0: off)
+    fid_samples: int = at_least(0, 0)  # FID-photo of this many samples per setting (0: off)
     fidelity_reference: Optional[str] = None  # a sampler setting (e.g. "var": the full KV cache) to compare to
-    fidelity_samples: int = 0  # PSNR / FID-photo against the reference's images on this many samples
+    fidelity_samples: int = at_least(0, 0)  # PSNR / FID-photo against the reference's images on this many samples
     fid_reference: str = "photos-test"
-    fvd_samples: int = 0  # FVD-photo of this many clips per setting of a video model (0: off)
+    fvd_samples: int = at_least(0, 0)  # FVD-photo of this many clips per setting of a video model (0: off)
     fvd_reference: str = "clips-test"
     shapes: list[str] = field(default_factory=list)  # on CUDA: LlamaGen GPT shapes (B, L, XL, XXL), random weights
     cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
     shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
-    pass_widths: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])  # tokens per pass (pass_cost)
-    shape_batches: list[int] = field(default_factory=list)  # the shapes' AR batch sizes; empty: batch_sizes
+    pass_widths: list[int] = at_least(lambda: [1, 2, 4, 8, 16, 32], 1)  # tokens per pass (pass_cost)
+    shape_batches: list[int] = at_least(list, 1)  # the shapes' AR batch sizes; empty: batch_sizes
     hf_models: list[str] = field(default_factory=list)  # on CUDA: Janus / Emu3 released shapes vs transformers' generate
     hf_cpu_models: list[str] = field(default_factory=list)  # elsewhere: scaled copies (janus-cpu, emu3-cpu) instead
-    hf_batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
-    hf_repeats: int = 1  # timed runs per cell (after a warm-up when hf_warmup)
+    hf_batch_sizes: list[int] = at_least(lambda: [1, 8], 1)
+    hf_repeats: int = at_least(1, 1)  # timed runs per cell (after a warm-up when hf_warmup)
     hf_warmup: bool = False
     hf_dtype: Optional[str] = None  # null: bfloat16 on CUDA, float32 elsewhere
-    hf_grid: Optional[int] = None  # tokens per side instead of each shape's grid (Emu3's 90 x 90 is minutes per image)
+    hf_grid: Optional[int] = at_least(None, 1)  # tokens per side instead of each shape's grid (Emu3's 90 x 90 is minutes per image)
     hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
     hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
-    hf_zoo_samples: int = 8  # images per cell (the card's example prompts in turn)
+    hf_zoo_samples: int = at_least(8, 1)  # images per cell (the card's example prompts in turn)
     hf_zoo_generate: bool = True  # also time transformers' own generate on the zoo model (CFG, row ends forced)
 
 
@@ -152,32 +171,32 @@ class EvalSchema:
     extractor: str = "photo"
     backend: str = "torch-fidelity"
     inception_weights: Optional[str] = None
-    classifier: Optional[str] = None
+    classifier: Optional[str] = reads(None)
     i3d_weights: Optional[str] = None  # fvd extractor=i3d (or $VGEN_I3D_WEIGHTS)
     video_classifier: Optional[str] = None  # fvd extractor=photo; null = the zoo's
     isc: bool = True
-    kid_subset_size: int = 1000
+    kid_subset_size: int = at_least(1000, 2)
     clip_model: str = "ViT-B/32"  # clip: ViT-B/32 | ViT-L/14
     clip_weights: Optional[str] = None  # clip: folder of the model's HF files (or $VGEN_CLIP_WEIGHTS, or the HF cache)
     prompts: Optional[str] = None  # clip: .txt (one per line) | .jsonl | .csv | .json; prompt i pairs with sample i
     prompt_column: Optional[str] = None  # clip: the prompts' column (.jsonl / .csv / .json); null: caption, prompt, text
-    batch_size: Optional[int] = None  # null: 64 (fid, clip), 16 (fvd)
-    out: Optional[str] = None
+    batch_size: Optional[int] = at_least(None, 1)  # null: 64 (fid, clip), 16 (fvd)
+    out: Optional[str] = writes(None, "file")
     device: str = "cpu"
-    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
+    threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
     progress: bool = True
 
 
 @dataclass
 class DemoSchema:
     server_name: str = "127.0.0.1"
-    server_port: int = 7860
+    server_port: int = at_least(7860, 1)
     share: bool = False
     model: Any = None  # the model group: a zoo name (model=photos-var) or model.path=<folder>
     allowed_dirs: list[str] = field(default_factory=list)
     device: str = "cpu"
     dtype: Optional[str] = None  # the models' weights and KV cache (float32 | bfloat16 | float16); null: the card's
-    threads: Optional[int] = None  # intra-op CPU threads; null: this process's share of the cores
+    threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
 
 
 @dataclass
@@ -185,11 +204,11 @@ class ScaleKVSchema:
     action: str = "calibrate"
     model: Any = None
     budget: float = 0.1
-    num_samples: int = 16
+    num_samples: int = at_least(16, 1)
     seed: int = 0
-    batch_size: int = 8
-    max_ratio: float = 8.0
-    out: Optional[str] = None  # default: scalekv_<model>_<budget>.json in the current directory
+    batch_size: int = at_least(8, 1)
+    max_ratio: float = at_least(8.0, 1)
+    out: Optional[str] = writes(None, "file")  # default: scalekv_<model>_<budget>.json in the current directory
     device: str = "cpu"
     progress: bool = True
 
@@ -197,6 +216,10 @@ class ScaleKVSchema:
 @dataclass
 class TrainSchema:
     recipe: Any = None
+
+
+SCHEMAS = {"sample": SampleSchema, "bench": BenchSchema, "eval": EvalSchema, "demo": DemoSchema,
+           "scalekv": ScaleKVSchema, "train": TrainSchema}  # command -> its schema (vgen.validate.config)
 
 
 def register() -> None:

@@ -165,8 +165,9 @@ class MAR(HeadSampling, nn.Module):
         emb = self.class_emb(cond.clamp(0, self.num_classes - 1))
         return torch.where(null[:, None], self.fake_latent.to(emb.dtype), emb)
 
-    def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        return self.enc_dec(tokens.to(self.z_proj.weight.dtype), mask, self.class_embedding(cond))
+    def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor,
+                   unknown: int | None = None) -> torch.Tensor:
+        return self.enc_dec(tokens.to(self.z_proj.weight.dtype), mask, self.class_embedding(cond), unknown)
 
     # ---- encoder / decoder ----
     def _run(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
@@ -175,33 +176,42 @@ class MAR(HeadSampling, nn.Module):
                 else blk(x)
         return x
 
-    def _kept(self, mask: torch.Tensor) -> torch.Tensor:
-        """(B, L) mask (1 = unknown) -> (B, buffer + L) bool: the positions the encoder reads."""
+    def kept_positions(self, mask: torch.Tensor, unknown: int | None = None) -> torch.Tensor:
+        """(B, L) mask (1 = unknown) -> (B, K) long: the positions of [buffer, tokens] the encoder reads, ascending,
+        K = buffer + L - unknown per row. ``unknown`` None: read from the mask (and checked equal in every row, a
+        host read); given: no read of the mask on the host."""
         mask = mask.bool()
-        counts = mask.sum(-1)
-        if mask.shape[0] and bool((counts != counts[0]).any()):
-            raise VGenError("every row of a MAR batch must have the same number of unknown tokens (the encoder "
-                            "drops them): got " + ", ".join(map(str, counts.tolist())))
-        return torch.cat([mask.new_ones(mask.shape[0], self.buffer_size), ~mask], dim=1)
+        if unknown is None:
+            counts = mask.sum(-1)
+            if mask.shape[0] and bool((counts != counts[0]).any()):
+                raise VGenError("every row of a MAR batch must have the same number of unknown tokens (the encoder "
+                                "drops them): got " + ", ".join(map(str, counts.tolist())))
+            unknown = int(counts[0]) if mask.shape[0] else 0
+        dropped = torch.cat([mask.new_zeros(mask.shape[0], self.buffer_size), mask], dim=1)
+        order = dropped.to(torch.uint8).argsort(dim=1, stable=True)  # the kept positions first, in order
+        return order[:, : self.buffer_size + mask.shape[1] - unknown]
 
     def forward_mae_encoder(self, tokens: torch.Tensor, kept: torch.Tensor, class_embedding: torch.Tensor):
         x = self.z_proj(tokens)
         B, _, D = x.shape
         buf = class_embedding[:, None].to(x.dtype).expand(B, self.buffer_size, D)
         x = self.z_proj_ln(torch.cat([buf, x], dim=1) + self.encoder_pos_embed_learned)
-        x = x[kept].reshape(B, -1, D)  # drop the unknown tokens
+        x = x.gather(1, kept[..., None].expand(-1, -1, D))  # drop the unknown tokens
         return self.encoder_norm(self._run(self.encoder_blocks, x))
 
     def forward_mae_decoder(self, x: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
         x = self.decoder_embed(x)
-        full = self.mask_token.to(x.dtype).expand(kept.shape[0], kept.shape[1], -1).clone()
-        full[kept] = x.reshape(-1, x.shape[-1])
+        B, D = x.shape[0], x.shape[-1]
+        full = self.mask_token.to(x.dtype).expand(B, self.buffer_size + self.seq_len, D)
+        full = full.scatter(1, kept[..., None].expand(-1, -1, D), x)  # the kept positions back, mask tokens between
         x = self.decoder_norm(self._run(self.decoder_blocks, full + self.decoder_pos_embed_learned))
         return x[:, self.buffer_size:] + self.diffusion_pos_embed_learned
 
-    def enc_dec(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor) -> torch.Tensor:
-        """Tokens (B, L, C), mask (B, L) (1 = unknown), class embeddings (B, D) -> head conditions (B, L, D)."""
-        kept = self._kept(mask)
+    def enc_dec(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor,
+                unknown: int | None = None) -> torch.Tensor:
+        """Tokens (B, L, C), mask (B, L) (1 = unknown), class embeddings (B, D) -> head conditions (B, L, D).
+        ``unknown``: the number of unknown tokens per row when the caller knows it (:meth:`kept_positions`)."""
+        kept = self.kept_positions(mask, unknown)
         return self.forward_mae_decoder(self.forward_mae_encoder(tokens, kept, class_embedding), kept)
 
     # ---- tokens <-> latent maps ----

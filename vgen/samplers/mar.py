@@ -85,11 +85,17 @@ class MARSampler(ContinuousSampler):
         mask = torch.ones(B, L, device=dev)  # 1 = unknown
         step_map = torch.zeros(B, L, dtype=torch.long, device=dev)
         rows = torch.arange(B, device=dev)[:, None]
+        lefts, u = [], L  # the schedule, known in advance: every pass's guidance scale goes to the device at once
+        for step in range(o.num_iter):
+            lefts.append(unknown_after(step, o.num_iter, L, u))
+            u = 0 if step == o.num_iter - 1 else lefts[-1]
+        cfgs = torch.tensor([o.cfg_at(L - left, L) for left in lefts], device=dev) if guided else None
+        known, passes = torch.zeros((), device=dev), torch.arange(o.num_iter, device=dev)  # values written per pass
         unknown, t_transformer, t_head = L, 0.0, 0.0
         for step in tqdm(range(o.num_iter), disable=not progress, desc="mar", leave=False):
             ta = time.perf_counter()
             x, m = (torch.cat([tokens, tokens]), torch.cat([mask, mask])) if guided else (tokens, mask)
-            z = model.conditions(x, m, cond_in)
+            z = model.conditions(x, m, cond_in, unknown=unknown)  # the schedule's count: no host read of the mask
             tb = time.perf_counter()
             left = unknown_after(step, o.num_iter, L, unknown)
             keep = 0 if step == o.num_iter - 1 else left
@@ -102,12 +108,12 @@ class MARSampler(ContinuousSampler):
                 zs = torch.cat([z[hr, hp], z[hr + B, hp]]) if guided else z[hr, hp]
                 start, steps = noise.at(hr, hp)
                 out = model.sample_head(zs, start, steps, temperature=o.temperature,
-                                        cfg=o.cfg_at(L - left, L) if guided else 1.0, num_steps=S,
+                                        cfg=cfgs[step] if guided else 1.0, num_steps=S,
                                         last_noise=o.last_noise, stop_sigma=o.stop_sigma, clip_x0=o.clip_x0,
                                         compiled=o.compile is True)
                 tokens[r, p] = out.token[:n].to(tokens.dtype)
-                mask[r, p] = 0.0
-                step_map[r, p] = step
+                mask[r, p] = known
+                step_map[r, p] = passes[step]
             unknown = keep
             t_transformer += tb - ta
             t_head += time.perf_counter() - tb
