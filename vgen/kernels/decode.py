@@ -127,5 +127,4 @@ def graphed(step, fallback=None, name: str = "step"):
             torch.compiler.cudagraph_mark_step_begin()
             out = current[0](*args, **kwargs)
         return tree_map_only(torch.Tensor, torch.clone, out)
-    run.current = current
     return run
