@@ -154,19 +154,21 @@ def config(cfg, schema) -> None:
     import dataclasses
     import math
     import typing
+
+    from omegaconf import ListConfig
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
-        v = cfg.get(f.name) if hasattr(cfg, "get") else getattr(cfg, f.name, None)
+        v = cfg.get(f.name)
         if v is None:
             continue
-        items = list(v) if isinstance(v, (list, tuple)) or type(v).__name__ == "ListConfig" else [v]
+        listed = isinstance(v, (list, tuple, ListConfig))
+        items = list(v) if listed else [v]
         floats = float in (typing.get_args(hints[f.name]) or (hints[f.name],))
         if floats and any(isinstance(x, float) and not math.isfinite(x) for x in items):
             raise VGenError(f"{f.name} must be a finite number, got {v}")
         lo = f.metadata.get("min")
         if lo is not None and any(x < lo for x in items if isinstance(x, (int, float)) and not isinstance(x, bool)):
             kind = "finite number" if floats else "whole number"
-            listed = not (len(items) == 1 and items[0] is v)
             raise VGenError(f"{f.name} must {f'list {kind}s' if listed else f'be a {kind}'} >= {lo}, got {v}")
         if f.metadata.get("writes") == "dir":
             outdir(v, f.name)

@@ -9,7 +9,9 @@ pipe = vgen.load_pipeline("photos-gpt")
 pipe.generate([0], sampler="ar", seed=99, compile=False)
 ts = []
 for _ in range(2):
-    t = time.perf_counter(); pipe.generate(list(range(8)), sampler="ar", seed=0, batch_size=1, compile=False); ts.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    pipe.generate(list(range(8)), sampler="ar", seed=0, batch_size=1, compile=False)
+    ts.append(time.perf_counter() - t)
 print(json.dumps(min(ts)))
 """
 res = {"new": [], "old": []}

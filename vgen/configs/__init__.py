@@ -103,7 +103,7 @@ class SampleSchema:
     sampler: Any = None
     labels: Optional[list[int]] = None  # null: cycle through every class
     num_samples: int = at_least(16, 1)
-    samples_per_class: Optional[int] = at_least(None, 1)  # set: num_samples = this x the model's classes (labels must be null)
+    samples_per_class: Optional[int] = at_least(None, 1)  # num_samples = this x the classes (labels must be null)
     seed: int = 0
     batch_size: int = at_least(8, 1)
     outdir: str = writes("samples", "dir")
@@ -152,7 +152,7 @@ class BenchSchema:
     hf_repeats: int = at_least(1, 1)  # timed runs per cell (after a warm-up when hf_warmup)
     hf_warmup: bool = False
     hf_dtype: Optional[str] = None  # null: bfloat16 on CUDA, float32 elsewhere
-    hf_grid: Optional[int] = at_least(None, 1)  # tokens per side instead of each shape's grid (Emu3's 90 x 90 is minutes per image)
+    hf_grid: Optional[int] = at_least(None, 1)  # tokens per side instead of each shape's grid (Emu3's 90 x 90: slow)
     hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
     hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
     hf_zoo_samples: int = at_least(8, 1)  # images per cell (the card's example prompts in turn)

@@ -102,9 +102,10 @@ class KVCache:
         if valid is None:
             self.key_mask = None
             return
-        m = self._mask if self._mask is not None else torch.ones((self.batch_size, self.max_len), dtype=torch.bool,
-                                                                 device=valid.device)
-        m.fill_(True)
+        if self._mask is None:
+            m = torch.ones((self.batch_size, self.max_len), dtype=torch.bool, device=valid.device)
+        else:  # a static cache's own tensor, at its recorded address
+            m = self._mask.fill_(True)
         m[: valid.shape[0], : valid.shape[1]] = valid
         self.key_mask = m
 

@@ -18,7 +18,8 @@ SMALL_ROWS = 64
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or rows > SMALL_ROWS or x.requires_grad or weight.requires_grad and torch.is_grad_enabled():
+    if (x.device.type != "cpu" or rows > SMALL_ROWS or x.requires_grad
+            or weight.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
     y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
     if bias is not None:
