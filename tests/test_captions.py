@@ -14,7 +14,7 @@ from vgen.data import CLASS_NAMES, photos
 from vgen.data.captions import (ALWAYS_TREATED, HELDOUT_COMBOS, HELDOUT_TEMPLATES, SUBJECT_PHRASES, TEMPLATES,
                                 CropFacts, apply_treatment, caption, caption_corpus, captioned_photos, crop_facts,
                                 describe, draw_treatment, measure_brightness, measure_colour, prompt_set,
-                                train_text_tokenizer)
+                                train_text_tokenizer, treatment_caption)
 from vgen.data.photos import CropBox, load_photographs, photos_with_boxes, region
 
 
@@ -210,6 +210,29 @@ def test_every_caption_is_true_and_lengths_vary():
     assert min(lengths) <= 4 and max(lengths) >= 15
     assert "a photo of the cat" in caption_corpus(3000, seed=0)  # the plain prompt is a training caption
     assert len(set(d.captions)) > 500
+
+
+def test_treatment_captions_leave_the_subject_out_and_state_the_treatments():
+    """recipe.subject_dropout's captions: no subject, the colour always, the brightness unless normal, every word
+    true; draw_captions at 0 gives the captions of before (same stream), at 1 only these."""
+    from vgen.train.t2i import draw_captions
+    rng = np.random.default_rng(0)
+    d = captioned_photos("train", 200, seed=2)
+    for f in d.facts:
+        text = treatment_caption(f, rng)
+        assert not any(re.search(rf"\b{p}\b", text) for p in SUBJECT_PHRASES.values()), text
+        claims = {fv for w, fv in _WORDS.items() if re.search(rf"(?<![\w-]){w}(?![\w-])", text)}
+        assert all(getattr(f, k) == v for k, v in claims) and ("colour", f.colour) in claims, text
+        assert (("brightness", f.brightness) in claims) == (f.brightness != "normal"), text
+    facts = [dict(f.__dict__) for f in d.facts]
+    idx = list(range(64))
+    assert draw_captions(facts, idx, 7) == draw_captions(facts, idx, 7, 0.0)
+    before = [caption(CropFacts(**facts[i]), r) for r in [np.random.default_rng(7)] for i in idx]
+    assert draw_captions(facts, idx, 7) == before
+    dropped = draw_captions(facts, idx, 7, 1.0)
+    assert all(not any(p in t for p in SUBJECT_PHRASES.values()) for t in dropped)
+    some = draw_captions(facts, idx, 7, 0.25)
+    assert 6 <= sum(not any(p in t for p in SUBJECT_PHRASES.values()) for t in some) <= 28  # 16 expected
 
 
 def _is_heldout_text(text: str) -> bool:

@@ -324,7 +324,7 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
     g = vgen.load_pipeline(str(tiny_pipeline)).generate([0, 3], sampler="eagle", seed=1, window=3)
     assert g.tokens.shape == (2, 16) and g.stats["accepted_per_step"] >= 1.0
     for bad, msg in ((dict(codes=str(tmp_path / "nope")), "is not a folder"),
-                     (dict(model=str(tiny_var_pipeline)), "not a next-token GPT"),
+                     (dict(model=str(tiny_var_pipeline)), "not a next-token model over codes"),
                      (dict(arch="rnn"), "not a drafter architecture")):
         out = tmp_path / "refused"
         with pytest.raises(VGenError, match=msg):
@@ -421,7 +421,7 @@ def test_train_cli_takes_the_target_as_model_and_refuses_bad_targets(tmp_path, t
     with pytest.raises(SystemExit) as e:
         main(["train", "recipe=drafter", f"model={tiny_var_pipeline}", f"recipe.out={out}"])
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "not a next-token GPT" in err and len(err.splitlines()) == 1, err
+    assert e.value.code == 2 and "not a next-token model over codes" in err and len(err.splitlines()) == 1, err
     assert not any(work.iterdir())  # refused: nothing written
 
 

@@ -510,3 +510,17 @@ def test_an_acceptance_rule_is_one_class_on_the_shared_core(tiny_gpt):
     assert torch.equal(mine, ref) and st["forward_passes"] == st_ref["forward_passes"] < 3 * tiny_gpt.seq_len
     _, none = with_rule(Never())(tiny_gpt, cond, [5, 6, 7])
     assert none["accepted_per_step"] == 1.0 and none["acceptance_rate"] == 0.0
+
+
+def test_weight_dependent_tables_are_keyed_by_the_weights(tiny_gpt):
+    """window=auto's acceptance and timing tables depend on the weights: a model retrained in the same architecture
+    must not read another's (the key held the architecture only)."""
+    import copy
+
+    from vgen.samplers.spec.widths import fingerprint
+    a = fingerprint(tiny_gpt)
+    assert fingerprint(tiny_gpt) == a
+    other = copy.deepcopy(tiny_gpt)
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)
+    assert fingerprint(other) != a and other.config_dict() == tiny_gpt.config_dict()

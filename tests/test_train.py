@@ -251,10 +251,14 @@ def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     g = pipe.generate(prompts=["a photo of the cat"], seed=0)
     assert g.images.shape == (1, 3, 64, 64)
 
-    cont = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "more"), "init_pipeline": str(folder)}))
+    cont = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "more"), "init_pipeline": str(folder),
+                                       "subject_dropout": 0.3}))
     gpt_keys = len(load_official("gpt", folder / "gpt.safetensors").state_dict())
     assert cont["init_tensors_copied"] == gpt_keys
     copied_tokenizer = (tmp_path / "more" / "text" / "tokenizer.json").read_text()
     assert copied_tokenizer == (folder / "text" / "tokenizer.json").read_text()
     with pytest.raises(VGenError, match="not found"):
         train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad"), "init_pipeline": str(tmp_path / "none")}))
+    with pytest.raises(VGenError, match="subject_dropout is a share"):
+        train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad2"), "subject_dropout": 1.5}))
+    assert not (tmp_path / "bad2").exists()

@@ -122,6 +122,63 @@ def test_emu3_greedy_equals_generate(name, opts, guided):
     assert torch.equal(tokens, grid[:, :, :W].flatten(1) - 40)
 
 
+def drafter_for(model, arch="block", seed=0):
+    """An untrained draft head of ``arch`` for ``model`` (its drafts are poor, never wrong: the rule keeps AR's law)."""
+    from vgen.models.drafter import Drafter
+    torch.manual_seed(seed)
+    return Drafter(model.config, arch).eval()
+
+
+@pytest.mark.parametrize("arch,window", [("block", 2), ("block", 5), ("mlp", 4)])
+def test_eagle_greedy_equals_generate(arch, window):
+    """eagle (a draft head on the decoder's hidden states, chains across Emu3's forced row ends) gives transformers'
+    own greedy tokens: Janus with guidance, Emu3 with a negative prompt, a left-padded batch."""
+    m = janus(codes=16, grid=(4, 4), std=0.2)
+    ref = m.generate(PROMPTS, attention_mask=torch.ones_like(PROMPTS), generation_mode="image", do_sample=False,
+                     guidance_scale=3.0)
+    model = from_transformers(m)
+    tokens, st = sample(model, PROMPTS, "eagle", draft=drafter_for(model, arch), top_k=1, cfg_scale=3.0,
+                        window=window)
+    assert torch.equal(tokens, ref) and st["accepted_per_step"] >= 1.0
+    e = emu3(codes=16, std=0.2)
+    H, W = 3, 4
+    prompt = torch.tensor([[0, 10, 11, 12, 7, 9, 6]])
+    neg = torch.tensor([[0, 13, 7, 9, 6]])
+    out = e.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=(W + 1) * H + 3,
+                     prefix_allowed_tokens_fn=shapes.emu3_allowed(H, W, prompt.shape[1], list(range(40, 56))),
+                     guidance_scale=3.0, negative_prompt_ids=neg)
+    grid = out[:, prompt.shape[1]: prompt.shape[1] + (W + 1) * H].view(1, H, W + 1)[:, :, :W].flatten(1) - 40
+    model = from_transformers(e, height=H, width=W, negative_prompt_ids=neg)
+    padded = torch.tensor([[0, 10, 11, 12, 7, 9, 6], [-1, -1, -1, 0, 14, 9, 6]])
+    tokens, _ = sample(model, padded, "eagle", draft=drafter_for(model, arch), top_k=1, cfg_scale=3.0, window=window)
+    alone, _ = sample(model, padded[1:, 3:], "ar", top_k=1, cfg_scale=3.0)
+    assert torch.equal(tokens[:1], grid) and torch.equal(tokens[1:], alone)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3"])
+def test_teacher_features_are_what_the_logits_come_from(family):
+    """What a drafter trains on: the adapter's teacher-forced hidden states give, through its head, the model's own
+    teacher-forced logits (Emu3: row ends in its layout, the state after each row end where one follows)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        if family == "janus":
+            m = janus(codes=16, grid=(4, 4), std=0.2)
+            model, prompt = from_transformers(m), PROMPTS
+            codes = torch.randint(0, 16, (2, 16), generator=g)
+            ref = janus_reference_logits(m, prompt, codes)
+        else:
+            m = emu3(codes=8, std=0.2)
+            model, prompt = from_transformers(m, height=3, width=4), torch.tensor([[0, 10, 11, 12, 7, 9, 6]] * 2)
+            codes = torch.randint(0, 8, (2, 12), generator=g)
+            ref = emu3_reference_logits(m, prompt, codes, w=4)
+        view, cond = model.prepare(prompt)
+        feats = view.teacher_features(codes, cond)
+        assert feats.shape == (2, codes.shape[1], model.config.dim)
+        assert torch.allclose(view.head(feats), ref, atol=1e-5)
+        with pytest.raises(VGenError, match="teacher_features takes codes"):
+            view.teacher_features(codes[:, :-1], cond)
+
+
 def test_emu3_logit_cfg_equals_transformers_log_softmax_cfg():
     """vgen mixes logits (u + s (c - u)) over the visual tokens; transformers mixes log-softmaxes over the whole
     vocabulary then masks to visual tokens: the same distribution (they differ by a constant per row)."""
@@ -151,7 +208,8 @@ def all_sequences(V, L):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["janus", "emu3"])
-@pytest.mark.parametrize("name,opts", [("ar", {}), ("sjd", {"window": 3}), ("scd", {"window": 3})])
+@pytest.mark.parametrize("name,opts", [("ar", {}), ("sjd", {"window": 3}), ("scd", {"window": 3}),
+                                       ("eagle", {"window": 3})])
 def test_lossless_samplers_are_exact(family, name, opts):
     """Every 2 x 2 image over 3 codes enumerated from the model's own teacher-forced logits (transformers' modules,
     no adapter); 20,000 samples match it (chi-square) and reject the unguided law (power)."""
@@ -173,7 +231,8 @@ def test_lossless_samplers_are_exact(family, name, opts):
     opts = dict(opts, cfg_scale=1.5, top_k=2, temperature=0.9)
     joint = enumerated(ref, seqs, 1.5, top_k=2, temperature=0.9)
     wrong = enumerated(ref, seqs, 1.0, top_k=2, temperature=0.9)
-    tokens, st = sample(model, prompt.expand(N, -1), name, seed=1, batch_size=5_000, **opts)
+    draft = drafter_for(model) if name == "eagle" else None
+    tokens, st = sample(model, prompt.expand(N, -1), name, seed=1, batch_size=5_000, draft=draft, **opts)
     counts = counts_of(tokens, V)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, wrong) < 1e-6
@@ -238,8 +297,11 @@ def test_bad_input_is_refused_before_generation():
     small.family.max_positions = 12
     with pytest.raises(VGenError, match="exceeds Emu3's context of 12"):
         sample(small, torch.tensor([[0] * 8]))
-    with pytest.raises(VGenError, match="reads the target.s hidden states"):
+    with pytest.raises(VGenError, match="needs a draft head"):
         sample(j, torch.tensor([[0, 5, 3]]), "eagle")
+    from vgen.models.drafter import Drafter
+    with pytest.raises(VGenError, match="takes no tree passes"):
+        sample(j, torch.tensor([[0, 5, 3]]), "eagle", draft=Drafter(j.config), tree="2,1")
 
 
 def test_decode_image_uses_the_models_own_vq():
@@ -332,6 +394,16 @@ def test_emu3_recipe_runs_exports_and_loads(tmp_path):
     seq = lay.image(torch.arange(256)[None] % 1024)[0]
     assert (seq[16:16 * 17:17] == sp["<|extra_200|>"]).all() and seq[0] == len(tok) + N_SPECIAL
     assert seq[-3:].tolist() == [sp["<|extra_201|>"], sp["<|image end|>"], sp["<|eos|>"]]
+    # a draft head for the exported model (recipe=drafter on a transformers zoo folder), installed in its card
+    from vgen.train.drafter import DrafterTrainConfig, train_drafter
+    d = train_drafter(DrafterTrainConfig(out=str(tmp_path / "d"), model=str(folder), steps=2, batch_size=2,
+                                         n_train=4, n_test=2, save_every=1, self_samples=2, install=True))
+    assert 0.0 <= d["test_acceptance"] <= 1.0 and (folder / "drafter.safetensors").is_file()
+    pipe = load_zoo(folder)
+    prompts = ["a photo of the cat", "a dark photo of the moon"]
+    ar = pipe.generate(prompts=prompts, sampler="ar", seed=0, top_k=1)
+    eagle = pipe.generate(prompts=prompts, sampler="eagle", seed=0, top_k=1, window=3)
+    assert torch.equal(ar.tokens, eagle.tokens)
 
 
 def test_bench_experiment_checks_its_models_before_loading():
@@ -424,5 +496,28 @@ def test_photos_emu3_zoo_model_has_structure():
     assert g.pixels.shape == (2, 3, 64, 64) and g.stats["accepted_per_step"] > 1.4
     z = pipe.generate(prompts=prompts, sampler="zipar", seed=0)
     assert z.stats["accepted_per_step"] > 3.0
+    e = pipe.generate(prompts=prompts, sampler="eagle", seed=0, window=4)  # the draft head the zoo ships
+    assert e.stats["accepted_per_step"] > 1.9
     dark = g.pixels[1].float().mean()
     assert dark < g.pixels[0].float().mean()  # "dark" is read: the moon comes out darker than the cat
+
+
+@pytest.mark.slow
+def test_bench_and_demo_take_the_transformers_zoo_model(tmp_path):
+    """`vgen bench models=[photos-emu3]` times its samplers beside ar (no LlamaGen-loop row: that baseline re-enacts
+    vgen GPTs) and scores FID-photo; the demo lists photos-emu3 and races samplers on a prompt."""
+    import json
+
+    from vgen.cli import main
+    from vgen.demo import Demo, zoo_models
+    out = tmp_path / "bench"
+    main(["bench", "models=[photos-emu3]", "batch_sizes=[1]", "repeats=1", "num_samples=1",
+          'samplers=[ar,"sjd:window=4"]', "fid_samples=2", f"outdir={out}"])
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [row["sampler"] for row in rows] == ["ar", "sjd:window=4"]
+    sjd = rows[1]
+    assert sjd["pass_reduction"] > 1.2 and sjd["speedup_vs_ar"] > 0 and sjd["fid_photo"] > 0
+    assert "photos-emu3" in zoo_models()
+    res = Demo().race("photos-emu3", None, None, 0, ["sjd"], {"window": 4}, prompt="a photo of the moon")
+    assert [x["sampler"] for x in res] == ["ar", "sjd"] and res[1]["forward_passes"] < res[0]["forward_passes"]
+    assert tuple(res[0]["image"].shape) == (3, 64, 64)

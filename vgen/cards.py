@@ -290,7 +290,7 @@ class Card:
     def drafter_path(self, path: str = "") -> Path:
         """The draft head a ``draft_kind="head"`` sampler (eagle) uses: ``path``, or the file the card lists next to
         the pipeline (``drafter``); a one-line error saying how to make one when there is none."""
-        name = self.spec.name
+        name = self.name
         if path:
             p = Path(path).expanduser()
         elif self.drafter and self.folder is not None:

@@ -33,6 +33,18 @@ RACED = ("ar", "sjd", "scd", "eagle")  # ticked when a model is chosen (those th
 # drafts and the trained draft head (eagle: where the card ships one)
 
 
+def zoo_models() -> list[str]:
+    """What the demo serves from the zoo: vgen pipelines, then the transformers models (photos-emu3)."""
+    from vgen.cards import list_models, list_transformers_models
+    return list_models() + list_transformers_models()
+
+
+def load_card(name: str) -> Card:
+    """The card of a zoo name or pipeline folder, a transformers model's included (:func:`vgen.pipeline.load_card`)."""
+    from vgen.pipeline import load_card as card
+    return card(name)
+
+
 def ticked(card: Card | None, fits: list[str]) -> list[str]:
     """The samplers ticked when a model is chosen: those of RACED that fit it (eagle only where its card lists a
     draft head), else its first fitting sampler."""
@@ -52,10 +64,9 @@ class Demo:
     # ------------------------------------------------------------------ validation
     def resolve_model(self, model: str, folder: str | None = None) -> str:
         """A zoo name, or a local pipeline folder inside one of the allowed directories."""
-        from vgen.cards import list_models
         if model != LOCAL:
-            if model not in list_models():
-                raise VGenError(f"unknown zoo model {model!r}; available: {', '.join(list_models())}")
+            if model not in zoo_models():
+                raise VGenError(f"unknown zoo model {model!r}; available: {', '.join(zoo_models())}")
             return model
         if not folder or not str(folder).strip():
             raise VGenError("enter the path of a local pipeline folder (one holding pipeline.json)")
@@ -68,13 +79,13 @@ class Demo:
         return str(p)
 
     def pipeline(self, name: str):
-        from vgen.pipeline import Pipeline
-        if name not in self._pipes:
-            self._pipes[name] = Pipeline.from_pretrained(name, device=self.device, dtype=self.dtype)
+        from vgen.pipeline import load_pipeline
+        if name not in self._pipes:  # a vgen pipeline, or a transformers zoo model (photos-emu3)
+            self._pipes[name] = load_pipeline(name, device=self.device, dtype=self.dtype)
         return self._pipes[name]
 
     def class_names(self, name: str) -> list[str]:
-        return list(Card.load(name).class_names)
+        return list(load_card(name).class_names)
 
     def parse_class(self, name: str, cls) -> int:
         names = self.class_names(name)
@@ -97,7 +108,7 @@ class Demo:
         """The options given (not None) that this sampler accepts, validated by the sampler against the card."""
         from vgen.pipeline import resolve_sampler
         from vgen.samplers import sampler_class
-        card = Card.load(name)
+        card = load_card(name)
         opts = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names() and v is not None}
         resolve_sampler(card, sampler, **opts)  # raises VGenError on bad values
         return opts
@@ -105,7 +116,7 @@ class Demo:
     # ------------------------------------------------------------------ work
     def condition(self, name: str, cls, prompt) -> dict:
         """The race's condition as ``generate`` keywords: the class of a class model, the prompt of a text model."""
-        card = Card.load(name)
+        card = load_card(name)
         if card.conditioning == "text":
             text = (prompt or "").strip()
             if not text:
@@ -133,7 +144,7 @@ class Demo:
         for x in chosen:
             if x not in list_samplers():
                 raise VGenError(f"unknown sampler {x!r}; available: {', '.join(list_samplers())}")
-        card = Card.load(name)
+        card = load_card(name)
         base = plain_sampler(card)
         names = [base] + [x for x in chosen if x != base]
         for x in names:
@@ -282,22 +293,21 @@ def shown_results(results: list[dict], out: str):
 def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
     import gradio as gr
 
-    from vgen.cards import list_models
     from vgen.samplers import list_samplers
     from vgen.samplers import fitting_samplers
     demo = demo or Demo()
-    models = list_models() + ([LOCAL] if demo.allowed else [])
+    models = zoo_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]
     if default_folder and demo.allowed:  # `vgen demo model.path=<folder>`: start on that local pipeline
         default_model = LOCAL
     start = demo.resolve_model(default_model, default_folder) if default_model == LOCAL else default_model
     names = demo.class_names(start)
     samplers = list_samplers()
-    start_card = Card.load(start)
+    start_card = load_card(start)
 
     def card_of(name):
         try:
-            return Card.load(name)
+            return load_card(name)
         except VGenError:
             return None
 
@@ -329,7 +339,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
         """A generator: the gallery and table grow as each sampler finishes, and a closed page (gradio stops
         iterating a job whose client is gone) runs no further sampler."""
         try:
-            card = Card.load(demo.resolve_model(model, folder))
+            card = load_card(demo.resolve_model(model, folder))
             opts = parse_options(fields, values, list(chosen or []), card)
             from vgen.samplers import sampler_class
             if "window" not in opts and any("window" in sampler_class(x, card).Options.names() for x in chosen or []):

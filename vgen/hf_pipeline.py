@@ -67,6 +67,8 @@ class TransformersPipeline:
         and benchmarks."""
         self.hf, self.processor, self.name = hf_model.eval(), processor, name or type(hf_model).__name__
         self._tokenize, self._decode_codes, self.examples = tokenize, decode_codes, list(examples or [])
+        self.card: Card | None = None  # set by the loaders (what `vgen sample` checked; the zoo's names a drafter)
+        self.tokenizer = None          # the zoo's image tokenizer (photos-t2i's VQ): what a drafter recipe encodes with
         kw = dict(family_options)
         is_emu3 = type(hf_model).__name__.startswith("Emu3")
         if is_emu3 and "negative_prompt_ids" not in kw:
@@ -110,9 +112,10 @@ class TransformersPipeline:
         h, w = self.model.token_shape
         return self._tokenize_emu3(prompt, h, w)
 
-    def encode(self, prompts: list[str]) -> torch.Tensor:
-        """Prompts -> ids (N, L), each tokenized alone, left-padded with -1."""
-        ids = [self.tokenize(p) for p in prompts]
+    def encode(self, prompts) -> torch.Tensor:
+        """Prompts (strings, or a :class:`vgen.conditions.Prompts`) -> ids (N, L), each tokenized alone, left-padded
+        with -1."""
+        ids = [self.tokenize(p) for p in getattr(prompts, "texts", prompts)]
         L = max(len(x) for x in ids)
         return torch.stack([torch.cat([x.new_full((L - len(x),), -1), x]) for x in ids]).to(self.device)
 
@@ -152,10 +155,8 @@ class TransformersPipeline:
         elif len(seeds) != n:
             raise VGenError(f"got {len(seeds)} seeds for {n} prompts: give one seed per prompt")
         s = get_sampler(sampler, model=self.model, **opts)
-        codebook = self.model.codebook() if s.needs_codebook else None
         t0 = time.perf_counter()
-        tokens, stats = s(self.model, ids, [validate.seed(x) for x in seeds], progress, codebook=codebook,
-                          batch_size=batch_size)
+        tokens, stats = self.sample_tokens(s, ids, [validate.seed(x) for x in seeds], batch_size, progress)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
@@ -164,6 +165,48 @@ class TransformersPipeline:
                      decode_seconds=time.perf_counter() - t1)
         return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
                           texts)
+
+
+    def make_sampler(self, sampler: str = "ar", **options):
+        """The sampler ``generate`` would run, the model card's settings filled in where not given (``vgen bench``)."""
+        from vgen.samplers.base import get_sampler
+        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
+        return get_sampler(sampler, model=self.model, **opts)
+
+    def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
+                      progress: bool = False, prefix=None):
+        """Run ``sampler`` on prompt ids ``cond`` (N, L) with what it needs wired in (the model's codebook, a draft
+        head): (tokens (N, h*w), stats). ``generate`` and the bench sample through here."""
+        if prefix is not None:
+            raise VGenError(f"{self.name} generates images from prompts: it takes no token prefix")
+        codebook = self.model.codebook() if sampler.needs_codebook else None
+        draft = self.draft_for(sampler) if sampler.needs_draft else None
+        return sampler(self.model, cond.to(self.device), seeds, progress, codebook=codebook, batch_size=batch_size,
+                       draft=draft)
+
+    def draft_for(self, sampler):
+        """The draft head ``sampler`` (eagle) drafts with: its ``drafter`` option, or the file the card names;
+        loaded once and kept, checked against this model."""
+        if sampler.draft_kind != "head":
+            raise VGenError(f"sampler {sampler.name!r} needs a draft model, which transformers pipelines do not take: "
+                            "use eagle (a draft head), sjd, scd, gsd, lantern or zipar")
+        from pathlib import Path as _Path
+
+        from vgen.models.drafter import load_drafter
+        given = sampler.options.drafter
+        if self.card is not None:
+            path = self.card.drafter_path(given)
+        elif given:
+            path = _Path(given).expanduser()
+        else:
+            raise VGenError(f"{self.name} names no draft head: pass drafter=<drafter.safetensors> (train one with "
+                            f"`vgen train recipe=drafter recipe.model=<this model>`)")
+        heads = self.__dict__.setdefault("_heads", {})
+        if str(path) not in heads:
+            head = load_drafter(path, device=self.device)
+            head.check_target(self.model, f"draft head {path}")
+            heads[str(path)] = head
+        return heads[str(path)]
 
 
 def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
@@ -185,10 +228,12 @@ def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
     vq = load_official(card["tokenizer_kind"], str(folder / card["tokenizer"]), device=device).eval()
     h, w = card["token_shape"]
     layout = Layout(tok, card["special"], card["vocab_size"], (h, w), card["caption_tokens"])
-    return TransformersPipeline(model, None, h, w, name=card.get("name", folder.name),
+    pipe = TransformersPipeline(model, None, h, w, name=card.get("name", folder.name),
                                 tokenize=layout.prompt, decode_codes=lambda c: vq.decode(c).clamp(-1, 1),
                                 defaults=dict(card.get("sampling") or {}), examples=card.get("examples"),
                                 negative_prompt_ids=torch.tensor(layout.prompt(None)))
+    pipe.card, pipe.tokenizer = zoo_card(folder), vq
+    return pipe
 
 
 def load(src: str, device="cpu", dtype=None, height: int | None = None, width: int | None = None,
@@ -215,7 +260,9 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
         boi = (json.loads(gen.read_text()).get("generation_kwargs") or {}).get("boi_token_id")
         if boi is not None:
             kw["boi_token_id"] = int(boi)
-    return TransformersPipeline(model, processor, height, width, negative_prompt, name=src, **kw)
+    pipe = TransformersPipeline(model, processor, height, width, negative_prompt, name=src, **kw)
+    pipe.card = card(src)
+    return pipe
 
 
 def _zoo_folder(name) -> Path | None:
@@ -229,31 +276,42 @@ def _zoo_folder(name) -> Path | None:
     return None
 
 
+CARD_FILE = "hf_pipeline.json"
+
+
+def zoo_card(folder: Path) -> Card:
+    """The card of a folder holding ``hf_pipeline.json`` (photos-emu3): its grid, codes, examples, sampling and
+    draft head (``drafter``), with the folder (where a drafter recipe installs its head)."""
+    c = json.loads((folder / CARD_FILE).read_text())
+    data = {"name": c.get("name", folder.name), "token_shape": c["token_shape"], "vocab_size": c["vocab_size"],
+            "examples": c.get("examples") or ["a photo"], "sampling": c.get("sampling") or {},
+            "image_size": c.get("image_size"), "drafter": c.get("drafter"), "generation": "next-token",
+            "conditioning": "text", "model_kind": "transformers", "model": c.get("name", folder.name),
+            "tokenizer_kind": "transformers", "tokenizer": ""}
+    return Card.from_dict({k: v for k, v in data.items() if v is not None}, folder, f"{folder / CARD_FILE}")
+
+
 def card(name) -> Card:
     """The card of a transformers model folder, cached hf:// repo or zoo model, read without loading weights (what
     ``vgen sample`` checks before it loads): prompts in, codes of the model's grid out, the model card's defaults."""
     zoo = _zoo_folder(name)
     if zoo is not None:
-        c = json.loads((zoo / "hf_pipeline.json").read_text())
-        data = {"name": c.get("name", zoo.name), "token_shape": c["token_shape"], "vocab_size": c["vocab_size"],
-                "examples": c.get("examples") or ["a photo"], "sampling": c.get("sampling") or {},
-                "image_size": c.get("image_size")}
+        return zoo_card(zoo)
+    folder = transformers_folder(name)
+    conf = json.loads((folder / "config.json").read_text())
+    kind = conf.get("model_type")
+    if kind == "janus":
+        n = int((conf.get("vision_config") or {}).get("num_image_tokens", 576))
+        g = int(round(n ** 0.5))
+        data = {"token_shape": [g, g], "vocab_size": int((conf.get("vq_config") or {}).get("num_embeddings", 16384)),
+                "sampling": DEFAULTS["Janus"]}
+    elif kind == "emu3":
+        vocab = conf.get("vocabulary_map") or {}
+        data = {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
+                "sampling": DEFAULTS["Emu3"]}
     else:
-        folder = transformers_folder(name)
-        conf = json.loads((folder / "config.json").read_text())
-        kind = conf.get("model_type")
-        if kind == "janus":
-            n = int((conf.get("vision_config") or {}).get("num_image_tokens", 576))
-            g = int(round(n ** 0.5))
-            data = {"token_shape": [g, g], "vocab_size": int((conf.get("vq_config") or {}).get("num_embeddings", 16384)),
-                    "sampling": DEFAULTS["Janus"]}
-        elif kind == "emu3":
-            vocab = conf.get("vocabulary_map") or {}
-            data = {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
-                    "sampling": DEFAULTS["Emu3"]}
-        else:
-            model_class(folder)  # the one-line error naming what it holds
-        data.update(name=str(name), examples=["a photo of a cat sitting on a windowsill"])
+        model_class(folder)  # the one-line error naming what it holds
+    data.update(name=str(name), examples=["a photo of a cat sitting on a windowsill"])
     data.update(generation="next-token", conditioning="text", model_kind="transformers", model=str(name),
                 tokenizer_kind="transformers", tokenizer="")
     return Card.from_dict({k: v for k, v in data.items() if v is not None}, None, f"the card of {name}")

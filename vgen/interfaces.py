@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -109,10 +109,14 @@ def satisfies(obj, protocol) -> bool:
 
 @runtime_checkable
 class FeatureModel(NextTokenModel, Protocol):
-    """A next-token model that also returns its last hidden states (before the final norm): what a trained draft
-    head (EAGLE, :mod:`vgen.models.drafter`) reads. The drafter also uses ``tok_embeddings``, ``positions`` and
-    ``head``."""
+    """A next-token model that also returns its last hidden states (what ``head`` turns into logits: before the
+    final norm for vgen's GPT, after it for a transformers model): what a trained draft head (EAGLE,
+    :mod:`vgen.models.drafter`) reads. The drafter also uses ``tok_embeddings`` (codes -> vectors, with the (V, d)
+    table as ``weight``), ``positions``, ``head`` and ``config`` (the shapes it copies: ``dim``, ``n_head``,
+    ``vocab_size``, ``block_size``, ``cls_token_num``, ...); its recipe uses ``teacher_features``. A model with
+    ``tree_passes = False`` takes chains only."""
     tok_embeddings: torch.nn.Module
+    config: Any
 
     def prefill_features(self, cond: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill`` plus the hidden state after the condition: (logits (B, V), hidden (B, d))."""
@@ -124,6 +128,9 @@ class FeatureModel(NextTokenModel, Protocol):
     def positions(self, h: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
 
     def head(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def teacher_features(self, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states over tokens (B, L): (B, L, d), row i predicts token i."""
 
 
 @runtime_checkable

@@ -3,13 +3,15 @@ a random colour and brightness treatment on each, and a caption that is TRUE of 
 
 What a caption promises:
 
-* it always names the subject, the photograph the crop was cut from (``SUBJECT_PHRASES``: "the cat",
+* it names the subject, the photograph the crop was cut from (``SUBJECT_PHRASES``: "the cat",
   "the china palace", ...); "a photo of the cat" is one of the captions training sees;
 * it may mention any subset of the other facts of :class:`CropFacts` (chosen at random per caption), and every
   fact it mentions is true: the scale ("close-up", "medium shot", "wide shot"), where the crop lies ("the top
   left part of ..."), "mirrored", the colour ("in black and white", "in warm tones", "in cool tones", "in natural
   colours") and the brightness ("dark", "bright");
-* a fact it does not mention may be anything. An untreated brightness ("normal") and an unflipped crop are
+* a fact it does not mention may be anything;
+* :func:`treatment_caption` leaves the subject out (a training option: what the crop looks like, apart from what
+  it shows). An untreated brightness ("normal") and an unflipped crop are
   never mentioned.
 
 Where a crop lies is said in the UNFLIPPED photograph: a mirrored crop of the left part of the cat is "the left
@@ -283,6 +285,31 @@ def describe(facts: CropFacts, rng: np.random.Generator, template: str | int | N
     k = int(rng.integers(len(FACT_KINDS) + 1))
     mention = {FACT_KINDS[i] for i in rng.choice(len(FACT_KINDS), size=k, replace=False)} | set(must)
     return _say(facts, template, mention)
+
+
+# A caption without the subject (``treatment_caption``): what the crop looks like, not what it shows.
+TREATMENT_TEMPLATES: tuple[str, ...] = ("<a photo><extras>", "<a picture><extras>", "<an image><extras>",
+                                        "<a photograph><extras>")
+
+
+def treatment_caption(facts: CropFacts, rng: np.random.Generator) -> str:
+    """A true caption of ``facts`` that leaves the subject out and always states the colour and the brightness
+    (when not normal), plus a random subset of the scale and the mirroring: "a dark close-up, in cool tones".
+    Training with some of these (``recipe=t2i recipe.subject_dropout=p``) shows the treatments apart from the
+    subjects, which is what a held-out (subject, treatment) combination asks the model to compose."""
+    template = TREATMENT_TEMPLATES[int(rng.integers(len(TREATMENT_TEMPLATES)))]
+    mention = {"colour", "brightness"} | {k for k in ("scale", "mirrored") if rng.integers(2)}
+    said = {k: getattr(facts, k) for k in mention
+            if (k, getattr(facts, k)) not in (("mirrored", False), ("brightness", "normal"))}
+    light = [said["brightness"]] if "brightness" in said else []
+    shot = [_SCALE_NOUN[said["scale"]]] if "scale" in said else []
+    extras = (["mirrored"] if "mirrored" in said else []) + [_COLOUR_PHRASE[said["colour"]]]
+
+    def a(m: re.Match) -> str:
+        words = " ".join(light + (shot or [m.group(1)]))
+        return ("an " if words[0] in "aeiou" else "a ") + words
+
+    return re.sub(r"<an? (\w+)>", a, template).replace("<extras>", "".join(", " + e for e in extras))
 
 
 def caption(facts: CropFacts, rng: np.random.Generator, template: str | int | None = None) -> str:

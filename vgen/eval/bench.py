@@ -89,6 +89,8 @@ class Plan:
 
     def fits(self, model: str, setting: str) -> bool:
         from vgen.samplers import fitting_samplers
+        if setting == BASELINE and self.cards[model].model_kind == "transformers":
+            return False  # LlamaGen's loop re-enacts vgen GPTs; transformers' own loop: +experiment=transformers
         return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
 
     def sampler_options(self, setting: str, model: str | None = None) -> tuple[str, dict]:
@@ -97,14 +99,16 @@ class Plan:
         from vgen.samplers import option_names, sampler_class
         name, own = self.settings[setting]
         names = sampler_class(name, self.cards[model]).Options.names() if model else option_names(name)
-        common = {k: v for k, v in {**self.options, "compile": self.cfg.compile}.items() if k in names}
+        compile_ = self.cfg.compile
+        if compile_ is True and model and self.cards[model].model_kind == "transformers":
+            compile_ = "auto"  # transformers' forward stays eager unless a setting asks (compile=true in it)
+        common = {k: v for k, v in {**self.options, "compile": compile_}.items() if k in names}
         return name, {**common, **own}
 
 
 def plan(cfg) -> Plan:
     """Validate the bench config and every sampler setting against every model card (one-line errors)."""
-    from vgen.cards import Card
-    from vgen.pipeline import resolve_sampler
+    from vgen.pipeline import load_card, resolve_sampler
     opts_all = OmegaConf.to_container(cfg.options, resolve=True) if cfg.options else {}
     variants = [str(v) for v in cfg.samplers]
     if not variants:
@@ -146,7 +150,7 @@ def plan(cfg) -> Plan:
     settings = {v: parse_variant(v) for v in variants}
     if cfg.baseline:
         settings = {BASELINE: (BASELINE, {}), **settings}
-    p = Plan(cfg, {m: Card.load(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
+    p = Plan(cfg, {m: load_card(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
     if p.fidelity_reference is not None and str(p.fidelity_reference) not in variants:
         raise VGenError(f"fidelity_reference {p.fidelity_reference!r} must be one of the sampler settings {variants}")
     for v in variants:  # unknown samplers / options -> clear error before loading anything
@@ -166,10 +170,10 @@ def run(p: Plan) -> tuple[dict, dict]:
     noise hits them alike. Returns (per-cell runs, per-cell memory and warm-up) and the quality columns."""
     from tqdm.auto import tqdm
 
-    from vgen.pipeline import Pipeline
+    from vgen.pipeline import pipeline_for
     from vgen.samplers.spec.widths import time_any_job
     cfg = p.cfg
-    pipes = {m: Pipeline.from_card(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
+    pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
 
     def run_cell(m, v, b):
         """num_samples images (the card's examples in turn: labels i % classes, or its example prompts; seeds

@@ -57,6 +57,10 @@ def check_zoo(cfg) -> list[tuple[str, str, dict]]:
         name, opts = parse_variant(v)
         if name not in list_samplers():
             raise VGenError(f"hf_samplers: unknown sampler {name!r}: choose from {', '.join(list_samplers())}")
+        if name == "eagle":  # its draft head, before any weights load
+            from vgen.hf_pipeline import zoo_card
+            for m in models:
+                zoo_card(ZOO_DIR / m).drafter_path(str(opts.get("drafter", "")))
         out += [(m, v, (name, opts)) for m in models]
     return out
 
@@ -205,7 +209,8 @@ def run_zoo(cfg) -> dict:
 
     from vgen import validate
     from vgen.pipeline import load_pipeline
-    from vgen.samplers import sample
+    from vgen.samplers import get_sampler, sample
+    from vgen.samplers.spec.widths import time_any_job
     cells = check_zoo(cfg)
     if not cells:
         return {}
@@ -231,8 +236,11 @@ def run_zoo(cfg) -> dict:
                         for i in range(0, n, b):
                             generate_emu3(p, ids[m][i:i + b])
                     else:
-                        _, st = sample(p.model, ids[m], name, seed=seed, batch_size=b,
-                                       **{**p.sampling_defaults(name), **opts})
+                        kw = {**p.sampling_defaults(name), **opts}
+                        s = get_sampler(name, model=p.model, **kw)
+                        with time_any_job():  # window=auto as a large job runs it: timed, not the small-job width
+                            _, st = sample(p.model, ids[m], name, seed=seed, batch_size=b,
+                                           draft=p.draft_for(s) if s.needs_draft else None, **kw)
                     if r:
                         runs[(m, v, b)].append({"seconds": time.perf_counter() - t0,
                                                 "forward_passes": st.get("forward_passes"),

@@ -213,7 +213,8 @@ class InferenceHead:
         self.w2 = ff.w2.weight.detach().t().contiguous()
         # the target's output head (final norm, then the product) where it is GPT's own: its very weights (a copy
         # would be one more megabyte streamed per pass beside the target's), its norm's gain applied by the norm
-        plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None
+        plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None \
+            if isinstance(target, GPT) else False
         self.head = (target.norm.eps, target.norm.weight.detach(), target.output.weight.detach()) if plain else None
 
     @property
@@ -262,9 +263,9 @@ class InferenceHead:
 
 
 def target_features(target, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-    """Teacher-forced hidden states of ``target`` (before its final norm): (B, L, d), row i predicts token i
+    """Teacher-forced hidden states of ``target`` (what its ``head`` reads): (B, L, d), row i predicts token i
     (row 0 is the state after the condition)."""
-    return target.teacher_hidden(tokens, cond)[:, target.cond_len - 1:]
+    return target.teacher_features(tokens, cond)
 
 
 def save_drafter(drafter: Drafter, path, extra: dict | None = None):

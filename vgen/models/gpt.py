@@ -362,6 +362,11 @@ class GPT(nn.Module):
         h = self.run_layers(self.tok_embeddings(tokens), input_pos, cache, attn_mask)
         return self.head(h), h
 
+    def teacher_features(self, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states (before the final norm) over tokens (B, L): (B, L, d), row i predicts token
+        i (row 0: the state after the condition). What a draft head trains on (:mod:`vgen.models.drafter`)."""
+        return self.teacher_hidden(tokens, cond)[:, self.cond_len - 1:]
+
     def teacher_hidden(self, tokens: torch.Tensor, cond: torch.Tensor, attn_mask: torch.Tensor | None = None):
         """Teacher forcing's hidden states (before the final norm) over [condition, tokens[:, :-1]]: (B, S, d) with
         row ``cond_len - 1 + i`` predicting ``tokens[:, i]``. A padded caption's padding keys are hidden (the

@@ -405,6 +405,9 @@ class EagleSampler(SpeculativeSampler):
         if not satisfies(model, FeatureModel):
             raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
                             "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
+        if self.options.tree and not getattr(model, "tree_passes", True):
+            raise VGenError(f"{type(model).__name__} takes no tree passes (its cache keeps the model's own slot "
+                            "layout): run eagle with a chain (tree='')")
         if not isinstance(draft, Drafter):
             raise VGenError("sampler 'eagle' needs a draft head: pass drafter=<drafter.safetensors> (a Pipeline loads "
                             "the one its card names; train one with `vgen train recipe=drafter`)")

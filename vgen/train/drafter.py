@@ -59,15 +59,26 @@ class DrafterTrainConfig(RecipeConfig):
 
 
 def load_target(name: str, device):
-    """(pipeline, target GPT) for a drafter; one-line error unless it is a next-token GPT."""
-    from vgen.interfaces import Order
-    from vgen.models.gpt import GPT
+    """(pipeline, target) for a drafter; one-line error unless the target is a next-token model over codes that
+    gives its hidden states (:class:`vgen.interfaces.FeatureModel`: vgen's GPT, a transformers model such as the
+    zoo's photos-emu3), with an image tokenizer to encode training crops."""
+    from vgen.interfaces import FeatureModel, Order, satisfies
     from vgen.pipeline import load_pipeline
     pipe = load_pipeline(name, device=device)
-    if not isinstance(pipe.model, GPT) or pipe.model.token_type.kind != "codes" or pipe.card.order != Order.NEXT_TOKEN:
-        raise VGenError(f"{name} is not a next-token GPT over codes ({pipe.card.model_kind}): an EAGLE drafter "
-                        "drafts for LlamaGen-style GPTs (photos-gpt, photos-video-gpt, official LlamaGen)")
-    return pipe, pipe.model.eval().requires_grad_(False)
+    m = pipe.model
+    if not satisfies(m, FeatureModel) or m.token_type.kind != "codes" or pipe.card.order != Order.NEXT_TOKEN \
+            or pipe.tokenizer is None:
+        raise VGenError(f"{name} is not a next-token model over codes with its hidden states and an image tokenizer "
+                        f"({pipe.card.model_kind}): an EAGLE drafter drafts for LlamaGen-style GPTs (photos-gpt, "
+                        "photos-t2i, official LlamaGen) and the zoo's transformers model photos-emu3")
+    return pipe, m.eval().requires_grad_(False)
+
+
+def bind(target, cond: torch.Tensor):
+    """(target, cond) as the target reads them: a prompt-token model binds a view to the prompts' length
+    (:class:`vgen.interfaces.PromptTokenModel`), which its null prompts are padded to."""
+    from vgen.interfaces import PromptTokenModel, satisfies
+    return target.prepare(cond) if satisfies(target, PromptTokenModel) else (target, cond)
 
 
 def codes_from_folder(folder: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,9 +126,10 @@ def cached_features(run, target, codes: torch.Tensor, labels: torch.Tensor, spli
     dev = next(target.parameters()).device
     out = []
     for i in range(0, codes.shape[0], batch):
-        x, y = codes[i:i + batch].long().to(dev), labels[i:i + batch].to(dev)
-        c = target_features(target, x, y)
-        u = target_features(target, x, target.null_cond(y))
+        x = codes[i:i + batch].long().to(dev)
+        t, y = bind(target, labels[i:i + batch].to(dev))
+        c = target_features(t, x, y)
+        u = target_features(t, x, t.null_cond(y))
         out.append(torch.stack([c, u], 1).half().cpu())
     feats = torch.cat(out)
     buf = io.BytesIO()
@@ -143,8 +155,6 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
         from vgen.conditions import Prompts
         from vgen.data.captions import captioned_photos
         prompts = list(captioned_photos("train", n, seed=seed).captions)
-    if text and path.exists():
-        labels = pipe.encode(Prompts(tuple(prompts[:codes.shape[0]]))).cpu()
     while codes.shape[0] < n:
         i = codes.shape[0]
         m = min(chunk, n - i)
@@ -152,11 +162,13 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
             {"labels": [(i + j) % pipe.model.num_classes for j in range(m)]}
         g = pipe.generate(**cond, seed=seed + i, batch_size=m, compile=False)
         codes = torch.cat([codes, g.tokens.to(torch.int16)])
-        labels = torch.cat([labels, pipe.encode(Prompts(tuple(g.prompts))).cpu() if text else g.labels.long()])
+        labels = labels if text else torch.cat([labels, g.labels.long()])
         buf = io.BytesIO()
         torch.save({"codes": codes, "labels": labels if not text else torch.empty(0)}, buf)
         atomic_write_bytes(path, buf.getvalue())
         print(f"{name}: {codes.shape[0]} / {n} sequences sampled from the target", flush=True)
+    if text:  # the conditions of every sequence, encoded at once (prompt ids: one padded length)
+        labels = pipe.encode(Prompts(tuple(prompts[:n]))).cpu()
     return codes[:n], labels[:n]
 
 
@@ -344,14 +356,17 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
 
 
 def install_drafter(folder, file) -> Path:
-    """Copy a drafter next to its pipeline and list it in ``pipeline.json`` (``"drafter": "drafter.safetensors"``)."""
+    """Copy a drafter next to its pipeline and list it in its card (``pipeline.json``, or ``hf_pipeline.json`` for a
+    transformers zoo model): ``"drafter": "drafter.safetensors"``."""
     import json
 
     from vgen.io import atomic_write_bytes, atomic_write_json
     folder = Path(folder)
     dest = folder / "drafter.safetensors"
     atomic_write_bytes(dest, Path(file).read_bytes())
-    card = json.loads((folder / "pipeline.json").read_text())
+    # the card: a vgen pipeline's, or a transformers zoo model's
+    name = next(n for n in ("pipeline.json", "hf_pipeline.json") if (folder / n).is_file())
+    card = json.loads((folder / name).read_text())
     card["drafter"] = dest.name
-    atomic_write_json(folder / "pipeline.json", card)
+    atomic_write_json(folder / name, card)
     return dest

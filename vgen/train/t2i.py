@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes, atomic_write_json
 from vgen.models.gpt import GPT, GPTConfig
 from vgen.train.common import RecipeConfig, adamw, autocast, recipe, start_run, train_loop
@@ -50,6 +51,7 @@ class T2ITrainConfig(RecipeConfig):
     save_every: int = 100
     caption_tokens: int = 32      # the GPT's cls_token_num: the encoder's max length
     text_vocab: int = 1000
+    subject_dropout: float = 0.0  # share of training captions without the subject (treatment_caption)
     text: dict = field(default_factory=lambda: dict(d_model=128, d_kv=32, d_ff=512, num_layers=3, num_heads=4))
     model: dict = field(default_factory=lambda: dict(
         dim=256, n_layer=6, n_head=4, vocab_size=1024, block_size=256, class_dropout_prob=0.1,
@@ -112,10 +114,15 @@ def captioned_codes(run_path: Path, tokenizer, split: str, n: int, seed: int):
     return codes, facts
 
 
-def draw_captions(facts: list[dict], idx: list[int], seed: int) -> list[str]:
-    from vgen.data.captions import CropFacts, caption
+def draw_captions(facts: list[dict], idx: list[int], seed: int, subject_dropout: float = 0.0) -> list[str]:
+    """A fresh true caption of each crop ``idx``; with probability ``subject_dropout`` one without the subject
+    (:func:`vgen.data.captions.treatment_caption`), drawn from a stream of its own (0 = the captions as before)."""
+    from vgen.data.captions import CropFacts, caption, treatment_caption
     rng = np.random.default_rng(seed)
-    return [caption(CropFacts(**facts[i]), rng) for i in idx]
+    drop = np.random.default_rng([seed, 5]).random(len(idx)) < subject_dropout if subject_dropout \
+        else [False] * len(idx)
+    return [treatment_caption(CropFacts(**facts[i]), rng) if d else caption(CropFacts(**facts[i]), rng)
+            for i, d in zip(idx, drop)]
 
 
 def init_from(gpt: GPT, path: str) -> int:
@@ -146,6 +153,9 @@ def test_loss(m: T2I, codes: torch.Tensor, facts: list[dict], seed: int, batch: 
 @recipe(T2ITrainConfig)
 def train_t2i(cfg: T2ITrainConfig) -> dict:
     from vgen.kinds import load_official
+    if not 0.0 <= cfg.subject_dropout <= 1.0:
+        raise VGenError(f"recipe.subject_dropout is a share of the captions: give a number in [0, 1], got "
+                        f"{cfg.subject_dropout}")
     init = Path(cfg.init_pipeline) if cfg.init_pipeline else None
     needs = [(cfg.tokenizer, "VQ tokenizer", "vq")]
     if init is not None:
@@ -184,7 +194,7 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
         g.manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(0, tr_codes.shape[0], (cfg.batch_size,), generator=g).tolist()
         x = tr_codes[idx].long().to(device)
-        ids, mask = m.text.tokenize(draw_captions(tr_facts, idx, cfg.seed * 1_000_003 + step))
+        ids, mask = m.text.tokenize(draw_captions(tr_facts, idx, cfg.seed * 1_000_003 + step, cfg.subject_dropout))
         with autocast(device, cfg.precision):
             logits = m.gpt(x, m.text.features(ids, mask))
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x.reshape(-1)), {}

@@ -14,6 +14,7 @@ import torch.nn as nn
 from vgen.errors import VGenError
 from vgen.interfaces import Order, TokenType
 from vgen.kernels.kv_cache import KVCache
+from vgen.models.gpt import GPTConfig
 
 
 @dataclass
@@ -146,6 +147,7 @@ class TransformersModel(nn.Module):
     num_classes = 0
     conditioning = "tokens"
     auto_compiles = False  # compile=auto leaves transformers' forward eager (compile=true still compiles)
+    tree_passes = False    # eagle drafts chains here: the cache cannot move a tree's accepted path
 
     def __init__(self, family: Family, hf_model: nn.Module):
         super().__init__()
@@ -255,6 +257,14 @@ class TransformersModel(nn.Module):
 
     def prefill(self, cond: torch.Tensor, cache: TransformersCache) -> torch.Tensor:
         """Prompts (B, C) (-1 = left padding) -> logits (B, V) for grid token 0; fills the prompt slots."""
+        return self.head(self._prefill_hidden(cond, cache))
+
+    def prefill_features(self, cond: torch.Tensor, cache: TransformersCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill`` plus the hidden state after the prompt (B, d): what a draft head reads."""
+        h = self._prefill_hidden(cond, cache)
+        return self.head(h), h
+
+    def _prefill_hidden(self, cond: torch.Tensor, cache: TransformersCache) -> torch.Tensor:
         valid = cond >= 0
         cache.pad = (~valid).sum(1)
         cache.mask_keys(valid)
@@ -266,12 +276,22 @@ class TransformersModel(nn.Module):
         cols, _, _ = cache.layout.columns(cache.hf_length, cond.device)
         h = self._run(x, pos, (pos[None] - cache.pad[:, None]).clamp_min(0), mask[..., cols.clamp_max(mask.shape[-1] - 1)]
                       & (cols < mask.shape[-1]), cache)
-        return self.family.logits(h[:, -1]).float()
+        return h[:, -1]
 
     def decode(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: TransformersCache,
                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Grid codes (B, S) at vgen slots ``input_pos`` ((S,) or (B, S); code i at cond_len + i) -> logits
         (B, S, V), each the distribution of the next code (after a forced row end where one follows)."""
+        return self.head(self._decode_hidden(tokens, input_pos, cache, attn_mask))
+
+    def decode_features(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: TransformersCache,
+                        attn_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``decode`` plus the hidden states (B, S, d) the logits come from (after a forced row end: its state)."""
+        h = self._decode_hidden(tokens, input_pos, cache, attn_mask)
+        return self.head(h), h
+
+    def _decode_hidden(self, tokens: torch.Tensor, input_pos: torch.Tensor, cache: TransformersCache,
+                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, S = tokens.shape
         mask = cache.visible(cache.causal_mask(input_pos) if attn_mask is None else attn_mask)
         lay = cache.layout
@@ -281,7 +301,7 @@ class TransformersModel(nn.Module):
         if not lay.row_end:  # model slots are vgen slots: the mask as it is (a never-read scratch column aside)
             m = mask if hf_len == n_v else torch.nn.functional.pad(mask, (0, hf_len - n_v))
             rope = (input_pos if input_pos.dim() == 2 else input_pos[None]) - cache.pad[:, None]
-            return self.family.logits(self._run(x, input_pos, rope, m, cache)).float()
+            return self._run(x, input_pos, rope, m, cache)
         cols, is_end, t = lay.columns(hf_len, tokens.device)
         ok = cols < n_v
         cols = cols.clamp_max(n_v - 1)
@@ -293,9 +313,8 @@ class TransformersModel(nn.Module):
             m = mask[..., cols] & ok
             hide = is_end[None, None, :] & (slots[:, :, None] + 1 == t)
             m = m & ~hide[:, None]
-            h = self._run(x, slots if input_pos.dim() == 2 else lay.slot(input_pos),
-                          slots - cache.pad[:, None], m, cache)
-            return self.family.logits(h).float()
+            return self._run(x, slots if input_pos.dim() == 2 else lay.slot(input_pos), slots - cache.pad[:, None], m,
+                             cache)
         # feed the forced row end after each row's last code in this pass: k extra queries per row
         ar = torch.arange(S, device=tokens.device)
         order = torch.where(ends, ar, S).sort(1).values[:, :k]       # (B, k) the row-ending queries, in order
@@ -312,8 +331,70 @@ class TransformersModel(nn.Module):
         hide[:, S:] = False  # a row end reads itself
         m = m & ~hide[:, None]
         h = self._run(torch.cat([x, xe], 1), all_slots, all_slots - cache.pad[:, None], m, cache)
-        logits = self.family.logits(h).float()
-        out = logits[:, :S].clone()
+        out = h[:, :S].clone()
         rows = torch.arange(B, device=tokens.device)[:, None].expand(-1, k)
-        out[rows[real], src[real]] = logits[:, S:][real]
+        out[rows[real], src[real]] = h[:, S:][real]
         return out
+
+    # ---- what a trained draft head reads (vgen.interfaces.FeatureModel: sampler eagle) ------------------------
+    # The features are the decoder's output as transformers returns it (after its final norm) and ``head`` is the
+    # family's image-code head on them; the head's positions are a 1-D RoPE over vgen slots of its own.
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Hidden states (..., d) -> float image-code logits (..., V)."""
+        return self.family.logits(h).float()
+
+    @property
+    def config(self) -> GPTConfig:
+        """The shapes a draft head copies (:class:`vgen.models.drafter.Drafter`): the decoder's width, heads and
+        norm epsilon, the codes and the grid; ``cls_token_num`` 0 (prompt lengths vary per call)."""
+        cfg = self.family.decoder.config
+        return GPTConfig(dim=cfg.hidden_size, n_layer=cfg.num_hidden_layers, n_head=cfg.num_attention_heads,
+                         vocab_size=self.vocab_size, block_size=self.seq_len, cls_token_num=0,
+                         norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-5)))
+
+    @property
+    def tok_embeddings(self) -> "CodeEmbedding":
+        """Codes -> the decoder's input vectors (the family's code embedding), with ``weight`` the (V, d) table."""
+        return CodeEmbedding(self.family.embed_codes, self.vocab_size, next(self.hf.parameters()).device)
+
+    def positions(self, h: torch.Tensor, input_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A draft head's positions: (h, 1-D RoPE rows (S, hd/2, 2) of its head size at vgen slots ``input_pos``)."""
+        c = self.config
+        n = int(input_pos.max()) + 1 if input_pos.numel() else 1
+        return h, rope_table_1d(max(n, self.cond_len + self.seq_len), c.head_dim, c.rope_base).to(h.device)[input_pos]
+
+    def teacher_features(self, tokens: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced hidden states over codes (B, L) after prompts ``cond`` (bound by :meth:`prepare`):
+        (B, L, d), row i predicts code i (row 0: the state after the prompt)."""
+        if cond.shape[1] != self.cond_len:
+            raise VGenError("call model.prepare(cond) first: teacher_features reads the prompts of its call")
+        if tokens.dim() != 2 or tokens.shape[1] != self.seq_len:
+            raise VGenError(f"teacher_features takes codes (B, {self.seq_len}), got shape {tuple(tokens.shape)}")
+        cache = self.new_cache(tokens.shape[0])
+        cache.limit(None)
+        h0 = self._prefill_hidden(cond, cache)
+        pos = self.cond_len + torch.arange(tokens.shape[1] - 1, device=tokens.device)
+        return torch.cat([h0[:, None], self._decode_hidden(tokens[:, :-1], pos, cache)], 1)
+
+
+class CodeEmbedding:
+    """``embed(codes)`` as a draft head calls its target's token embedding; ``weight``: the (V, d) table of every
+    code's vector (computed when read)."""
+
+    def __init__(self, embed: Callable[[torch.Tensor], torch.Tensor], vocab_size: int, device):
+        self.embed, self.vocab_size, self.device = embed, vocab_size, device
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.embed(codes)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embed(torch.arange(self.vocab_size, device=self.device)[None])[0]
+
+
+def rope_table_1d(n: int, head_dim: int, base: float) -> torch.Tensor:
+    """(n, head_dim // 2, 2) cos / sin rows of a 1-D RoPE over positions 0..n-1."""
+    half = head_dim // 2
+    freqs = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) * 2 / head_dim))
+    ang = torch.outer(torch.arange(n, dtype=torch.float32), freqs)
+    return torch.stack([ang.cos(), ang.sin()], -1)

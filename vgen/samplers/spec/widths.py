@@ -92,6 +92,21 @@ def width_table(file: str, ident: list):
     return path, table, name, known
 
 
+def fingerprint(model, values: int = 64) -> str:
+    """A digest of a model's weights cheap enough for every call: each parameter's name, shape and dtype and
+    ``values`` of its entries at a fixed stride. Tables that depend on the weights (acceptance, timed runs) are keyed by
+    it, so a model retrained in the same architecture gets its own (the architecture alone named the entry before)."""
+    import hashlib
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // values)
+            h.update(f"{n}{tuple(p.shape)}{p.dtype}".encode())
+            h.update(flat[::step][:values].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 # A width must promise this much over a plain step before a job leaves AR's loop: the calibration is a few
 # samples, and the cost table (the step alone) misses the loop's own work per pass, which grows with the batch
 # (measured in docs/lab/benchmarks-log.md, "Coupled drafts").
@@ -121,7 +136,8 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
     settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
     w0 = next(model.parameters())
     path, table, name, known = width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
-                                                                 settings, CALIBRATION_SAMPLES, "spread"])
+                                                                 settings, CALIBRATION_SAMPLES, "spread",
+                                                                 fingerprint(model)])
     missing = [w for w in widths if w not in known]
     if missing:
         k = CALIBRATION_SAMPLES
@@ -204,7 +220,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
     w0 = next(model.parameters())
     path, table, name, known = width_table("spec_speed.json", [
         sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
-        torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS])
+        torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS, fingerprint(model)])
     if not all(w in known for w in [1] + widths):
         if job is not None and not _TIME_ANY_JOB.get() and job < TIMED_JOB_RATIO * timing_samples(widths, batch):
             return None
