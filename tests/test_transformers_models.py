@@ -505,18 +505,18 @@ def test_photos_emu3_zoo_model_has_structure():
 @pytest.mark.slow
 def test_bench_and_demo_take_the_transformers_zoo_model(tmp_path):
     """`vgen bench models=[photos-emu3]` times its samplers beside ar (no LlamaGen-loop row: that baseline re-enacts
-    vgen GPTs) and scores FID-photo; the demo lists photos-emu3 and races samplers on a prompt."""
+    vgen GPTs); the demo lists photos-emu3 and races samplers on a prompt."""
     import json
 
     from vgen.cli import main
     from vgen.demo import Demo, zoo_models
     out = tmp_path / "bench"
     main(["bench", "models=[photos-emu3]", "batch_sizes=[1]", "repeats=1", "num_samples=1",
-          'samplers=[ar,"sjd:window=4"]', "fid_samples=2", f"outdir={out}"])
+          'samplers=[ar,"sjd:window=4"]', "fid_samples=0", f"outdir={out}"])
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [row["sampler"] for row in rows] == ["ar", "sjd:window=4"]
     sjd = rows[1]
-    assert sjd["pass_reduction"] > 1.2 and sjd["speedup_vs_ar"] > 0 and sjd["fid_photo"] > 0
+    assert sjd["pass_reduction"] > 1.2 and sjd["speedup_vs_ar"] > 0
     assert "photos-emu3" in zoo_models()
     res = Demo().race("photos-emu3", None, None, 0, ["sjd"], {"window": 4}, prompt="a photo of the moon")
     assert [x["sampler"] for x in res] == ["ar", "sjd"] and res[1]["forward_passes"] < res[0]["forward_passes"]
