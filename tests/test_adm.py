@@ -379,17 +379,17 @@ def test_photos_protocol_end_to_end_orders_real_zoo_noise_on_every_metric(tmp_pa
     import vgen.eval as ev
     out = tmp_path / "zoo"
     from vgen.cli import main
-    main(["sample", "+experiment=photos_adm", "samples_per_class=4", f"outdir={out}", "progress=false"])
+    main(["sample", "+experiment=photos_adm", "samples_per_class=2", f"outdir={out}", "progress=false"])
     st = json.loads((out / "stats.json").read_text())
-    assert st["num_samples"] == 64 and st["labels"] == [i % 16 for i in range(64)] and st["seed"] == 0
+    assert st["num_samples"] == 32 and st["labels"] == [i % 16 for i in range(32)] and st["seed"] == 0
     import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", VGenWarning)
         zoo = ev.evaluate(out, "photos-test", cache=cache)
     assert not any("seed" in str(w.message) for w in caught)  # seeds follow the global index
-    good = ev.evaluate(real(64, seed=1), "photos-test", cache=cache)
+    good = ev.evaluate(real(32, seed=1), "photos-test", cache=cache)
     g = torch.Generator().manual_seed(0)
-    bad = ev.evaluate(torch.randint(0, 256, (64, 3, 64, 64), generator=g, dtype=torch.uint8), "photos-test",
+    bad = ev.evaluate(torch.randint(0, 256, (32, 3, 64, 64), generator=g, dtype=torch.uint8), "photos-test",
                       cache=cache)
     for k in ("fid", "sfid", "kid"):
         assert good[k] < zoo[k] < bad[k], k

@@ -1,4 +1,5 @@
 """vgen.data.captions: crop facts, treatments, read-back from pixels, true captions, held-out splits, tokenizer."""
+import dataclasses
 import hashlib
 import re
 from collections import Counter
@@ -15,6 +16,7 @@ from vgen.data.captions import (ALWAYS_TREATED, HELDOUT_COMBOS, HELDOUT_TEMPLATE
                                 CropFacts, apply_treatment, caption, caption_corpus, captioned_photos, crop_facts,
                                 describe, draw_treatment, measure_brightness, measure_colour, prompt_set,
                                 train_text_tokenizer, treatment_caption)
+from vgen.errors import VGenError
 from vgen.data.photos import CropBox, load_photographs, photos_with_boxes, region
 
 
@@ -233,6 +235,23 @@ def test_treatment_captions_leave_the_subject_out_and_state_the_treatments():
     assert all(not any(p in t for p in SUBJECT_PHRASES.values()) for t in dropped)
     some = draw_captions(facts, idx, 7, 0.25)
     assert 6 <= sum(not any(p in t for p in SUBJECT_PHRASES.values()) for t in some) <= 28  # 16 expected
+
+
+def test_a_variant_shows_the_same_crops_under_another_look():
+    """captioned_photos(variant=k): the same crops (subject, framing) under a treatment that is never the crop's
+    variant-0 one nor a held-out combination; variant 0 is the set of before."""
+    a, b = captioned_photos("train", 96, seed=3), captioned_photos("train", 96, seed=3, variant=1)
+    assert torch.equal(a.labels, b.labels)
+    for fa, fb, ia, ib in zip(a.facts, b.facts, a.images, b.images):
+        assert dataclasses.replace(fa, colour=fb.colour, brightness=fb.brightness) == fb
+        assert not torch.equal(ia, ib)
+        assert (fa.colour, fa.brightness) != (fb.colour, fb.brightness)
+        assert (fb.subject, "colour", fb.colour) not in HELDOUT_COMBOS
+        assert (fb.subject, "brightness", fb.brightness) not in HELDOUT_COMBOS
+    assert len({f.colour for f in b.facts}) == 4
+    assert captioned_photos("train", 96, seed=3, variant=0).captions == a.captions
+    with pytest.raises(VGenError, match="variant is for training crops"):
+        captioned_photos("test", 8, heldout=True, variant=1)
 
 
 def _is_heldout_text(text: str) -> bool:

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/getting-started.md")  # a missing page has no commands (it may not be written yet)
 MAX_SAMPLES = 1  # a real `vgen sample` draws at most this many
 DRAFT_WINDOW = 4  # the window a speculative sampler gets in a real run when its command leaves it at auto
+HEAD_STEPS = 10  # the reverse steps a continuous head takes in a real run when its command leaves them at the model's
 LONG_COMMANDS = {"bench": "benchmarks", "eval": "evaluates", "train": "trains", "demo": "serves the demo",
                  "scalekv": "calibrates"}
 FILE_SUFFIXES = (".pth", ".pt", ".npz", ".mp4", ".gif", ".safetensors", ".json", ".png")
@@ -138,7 +139,8 @@ def real_argv(argv, outdir: Path) -> list[str]:
     """A real run's arguments: the command's own, then ``num_samples`` capped at MAX_SAMPLES (the command's own
     value when smaller), ``outdir`` a temporary folder, no progress bar. A speculative sampler whose window the
     command leaves at ``auto`` gets ``sampler.window=DRAFT_WINDOW``: on first use ``window=auto`` times the widths
-    on this machine (minutes), which the test does not need to check what the command runs."""
+    on this machine (minutes), which the test does not need to check what the command runs. A continuous-token
+    sampler left at the model's reverse steps gets ``HEAD_STEPS`` of them, for the same reason."""
     from vgen.samplers import sampler_classes
     given = dict(a.partition("=")[::2] for a in argv[1:] if "=" in a)
     n = min(int(given.get("num_samples", MAX_SAMPLES)), MAX_SAMPLES)
@@ -148,6 +150,8 @@ def real_argv(argv, outdir: Path) -> list[str]:
         defaults = {f.name: f.default for cls in sampler_classes(sampler) for f in dataclasses.fields(cls.Options)}
         if defaults.get("window") == "auto":
             out.append(f"sampler.window={DRAFT_WINDOW}")
+        if defaults.get("num_sampling_steps") == 0 and "sampler.num_sampling_steps" not in given:
+            out.append(f"sampler.num_sampling_steps={HEAD_STEPS}")  # a continuous head's reverse steps (MAR: 100)
     return out
 
 

@@ -486,6 +486,26 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
     assert json.loads((tmp_path / "spec_speed.json").read_text()) == table
 
 
+def test_eagle_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
+    """eagle window=auto in a job smaller than TIMED_JOB_RATIO x the timing's samples, as sjd: no timing (nothing
+    cached), the small-job chain (its tokens exactly), or a tree as given; a job that repays it is timed."""
+    from vgen.samplers.base import sampling_job
+    from vgen.samplers.spec import widths
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
+    kw = dict(cfg_scale=2.0, top_k=10, draft=make_drafter(tiny_gpt, seed=1))
+    small, st = sample(tiny_gpt, [0, 1], "eagle", seed=2, **kw)
+    fixed, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, window=widths.SMALL_JOB_WINDOW, **kw)
+    assert torch.equal(small, fixed) and st["mean_window"] == widths.SMALL_JOB_WINDOW
+    tree, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, tree="2,1", **kw)
+    want, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, tree="2,1", window=4, **kw)
+    assert torch.equal(tree, want)
+    assert not (tmp_path / "spec_speed.json").exists()
+    with sampling_job(widths.TIMED_JOB_RATIO * widths.timing_samples([2, 3], 2), 2):
+        sample(tiny_gpt, [0, 1], "eagle", seed=2, max_window=3, **kw)
+    assert (tmp_path / "spec_speed.json").exists()
+
+
 # ---- static trees ------------------------------------------------------------------------------------------------
 
 def test_tree_shapes_parse_and_refuse_bad_ones():

@@ -252,7 +252,8 @@ def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     assert g.images.shape == (1, 3, 64, 64)
 
     cont = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "more"), "init_pipeline": str(folder),
-                                       "subject_dropout": 0.3}))
+                                       "subject_dropout": 0.3, "treatments": 2}))
+    assert torch.load(tmp_path / "more" / "codes_train_v1.pt", weights_only=True)["codes"].shape[0] == 8
     gpt_keys = len(load_official("gpt", folder / "gpt.safetensors").state_dict())
     assert cont["init_tensors_copied"] == gpt_keys
     copied_tokenizer = (tmp_path / "more" / "text" / "tokenizer.json").read_text()
@@ -262,3 +263,6 @@ def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     with pytest.raises(VGenError, match="subject_dropout is a share"):
         train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad2"), "subject_dropout": 1.5}))
     assert not (tmp_path / "bad2").exists()
+    with pytest.raises(VGenError, match="treatments is how many looks"):
+        train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad3"), "treatments": 0}))
+    assert not (tmp_path / "bad3").exists()

@@ -155,6 +155,38 @@ def test_eagle_greedy_equals_generate(arch, window):
     assert torch.equal(tokens[:1], grid) and torch.equal(tokens[1:], alone)
 
 
+@pytest.mark.parametrize("tree,children,least", [("3,3,3", "top", 2.5), ("2,1", "sample", 1.0)])
+def test_eagle_trees_greedy_equal_generate(tree, children, least):
+    """eagle's static trees on both families (3 codes): every node at a scratch slot of its own (Emu3: with the row
+    end its position forces, readable only by its descendants), the accepted path moved into place: transformers'
+    greedy tokens, a left-padded batch as each prompt alone. A full tree of every code (3,3,3 with children=top)
+    holds the greedy path at every depth: each pass keeps the whole depth, across row ends."""
+    m = janus(codes=3, grid=(4, 4), std=0.2)
+    ref = m.generate(PROMPTS, attention_mask=torch.ones_like(PROMPTS), generation_mode="image", do_sample=False,
+                     guidance_scale=3.0)
+    model = from_transformers(m)
+    tokens, st = sample(model, PROMPTS, "eagle", draft=drafter_for(model), top_k=1, cfg_scale=3.0, tree=tree,
+                        children=children, window=2)  # a fixed window: the tree on every pass
+    assert torch.equal(tokens, ref) and st["accepted_per_step"] >= least
+    e = emu3(codes=3, std=0.2)
+    H, W = 3, 4
+    prompt = torch.tensor([[0, 10, 11, 12, 7, 9, 6]])
+    neg = torch.tensor([[0, 13, 7, 9, 6]])
+    out = e.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=(W + 1) * H + 3,
+                     prefix_allowed_tokens_fn=shapes.emu3_allowed(H, W, prompt.shape[1], [40, 41, 42]),
+                     guidance_scale=3.0, negative_prompt_ids=neg)
+    grid = out[:, prompt.shape[1]: prompt.shape[1] + (W + 1) * H].view(1, H, W + 1)[:, :, :W].flatten(1) - 40
+    model = from_transformers(e, height=H, width=W, negative_prompt_ids=neg)
+    padded = torch.tensor([[0, 10, 11, 12, 7, 9, 6], [-1, -1, -1, 0, 14, 9, 6]])
+    tokens, st = sample(model, padded, "eagle", draft=drafter_for(model), top_k=1, cfg_scale=3.0, tree=tree,
+                        children=children, window=2)  # a fixed window: the tree on every pass
+    alone, _ = sample(model, padded[1:, 3:], "ar", top_k=1, cfg_scale=3.0)
+    assert torch.equal(tokens[:1], grid) and torch.equal(tokens[1:], alone) and st["accepted_per_step"] >= least
+    if children == "top":
+        with pytest.raises(VGenError, match="children=top needs distinct codes"):
+            sample(model, prompt, "eagle", draft=drafter_for(model), tree="4,1", children="top")
+
+
 @pytest.mark.parametrize("family", ["janus", "emu3"])
 def test_teacher_features_are_what_the_logits_come_from(family):
     """What a drafter trains on: the adapter's teacher-forced hidden states give, through its head, the model's own
@@ -206,13 +238,17 @@ def all_sequences(V, L):
     return torch.tensor(list(itertools.product(range(V), repeat=L)))
 
 
+LOSSLESS = [(f, n, o) for f in ("janus", "emu3") for n, o in [("ar", {}), ("sjd", {"window": 3}),
+                                                               ("scd", {"window": 3}), ("eagle", {"window": 3})]]
+LOSSLESS.append(("emu3", "eagle", {"tree": "2,1", "window": 2}))  # a tree across row ends (Emu3's 2 x 2 grid)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["janus", "emu3"])
-@pytest.mark.parametrize("name,opts", [("ar", {}), ("sjd", {"window": 3}), ("scd", {"window": 3}),
-                                       ("eagle", {"window": 3})])
+@pytest.mark.parametrize("family,name,opts", LOSSLESS)
 def test_lossless_samplers_are_exact(family, name, opts):
     """Every 2 x 2 image over 3 codes enumerated from the model's own teacher-forced logits (transformers' modules,
-    no adapter); 20,000 samples match it (chi-square) and reject the unguided law (power)."""
+    no adapter); 20,000 samples match it (chi-square) and reject the unguided law (power). eagle's tree on Emu3
+    (2 codes per row: its nodes cross row ends)."""
     V, N = 3, 20_000
     seqs = all_sequences(V, 4)
     with torch.no_grad():
@@ -299,9 +335,6 @@ def test_bad_input_is_refused_before_generation():
         sample(small, torch.tensor([[0] * 8]))
     with pytest.raises(VGenError, match="needs a draft head"):
         sample(j, torch.tensor([[0, 5, 3]]), "eagle")
-    from vgen.models.drafter import Drafter
-    with pytest.raises(VGenError, match="takes no tree passes"):
-        sample(j, torch.tensor([[0, 5, 3]]), "eagle", draft=Drafter(j.config), tree="2,1")
 
 
 def test_decode_image_uses_the_models_own_vq():

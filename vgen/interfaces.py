@@ -113,8 +113,7 @@ class FeatureModel(NextTokenModel, Protocol):
     final norm for vgen's GPT, after it for a transformers model): what a trained draft head (EAGLE,
     :mod:`vgen.models.drafter`) reads. The drafter also uses ``tok_embeddings`` (codes -> vectors, with the (V, d)
     table as ``weight``), ``positions``, ``head`` and ``config`` (the shapes it copies: ``dim``, ``n_head``,
-    ``vocab_size``, ``block_size``, ``cls_token_num``, ...); its recipe uses ``teacher_features``. A model with
-    ``tree_passes = False`` takes chains only."""
+    ``vocab_size``, ``block_size``, ``cls_token_num``, ...); its recipe uses ``teacher_features``."""
     tok_embeddings: torch.nn.Module
     config: Any
 

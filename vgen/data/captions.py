@@ -324,7 +324,7 @@ def _split_id(split: str) -> int:
 
 
 def captioned_photos(split: str = "train", n: int = 64, seed: int = 0, size: int = 64,
-                     heldout: bool = False) -> CaptionedPhotos:
+                     heldout: bool = False, variant: int = 0) -> CaptionedPhotos:
     """``n`` treated crops with their facts and captions; deterministic in the arguments.
 
     Crops are cut by :func:`vgen.data.photos.photos_with_boxes` (the same random stream as ``photos``) with sides
@@ -333,16 +333,28 @@ def captioned_photos(split: str = "train", n: int = 64, seed: int = 0, size: int
     ``heldout=False``: crops of every class in turn, never a held-out combination, captioned with TEMPLATES.
     ``heldout=True``: sample i has the held-out combination ``HELDOUT_COMBOS[i % 8]`` and a caption in
     HELDOUT_TEMPLATES that mentions the held-out attribute.
+    ``variant=k > 0`` (training crops only): the same crops under another treatment, drawn from a stream of its
+    own and never the crop's variant-0 treatment, so a model sees each crop under ``k + 1`` different looks.
     """
+    if variant and heldout:
+        raise VGenError("captioned_photos: variant is for training crops; the held-out set has one treatment each")
     classes = [CLASS_NAMES.index(s) for s, _, _ in HELDOUT_COMBOS] if heldout else None
     data, boxes = photos_with_boxes(split, n, seed=seed, size=size, classes=classes, max_side=MAX_SIDE)
     treat_rng = np.random.default_rng([seed, _split_id(split), 1, int(heldout)])
     text_rng = np.random.default_rng([seed, _split_id(split), 2, int(heldout)])
+    if variant:
+        var_rng = np.random.default_rng([seed, _split_id(split), 1, 0, variant])
+        text_rng = np.random.default_rng([seed, _split_id(split), 2, 0, variant])
     images = torch.empty_like(data.images)
     facts, captions = [], []
     for i, box in enumerate(boxes):
         combo = HELDOUT_COMBOS[i % len(HELDOUT_COMBOS)] if heldout else None
-        f = crop_facts(box, *draw_treatment(treat_rng, CLASS_NAMES[box.label], combo))
+        treatment = draw_treatment(treat_rng, CLASS_NAMES[box.label], combo)
+        if variant:
+            first, treatment = treatment, draw_treatment(var_rng, CLASS_NAMES[box.label])
+            while treatment == first:
+                treatment = draw_treatment(var_rng, CLASS_NAMES[box.label])
+        f = crop_facts(box, *treatment)
         images[i] = apply_treatment(data.images[i], f.colour, f.brightness)
         if heldout:
             template = HELDOUT_TEMPLATES[int(text_rng.integers(len(HELDOUT_TEMPLATES)))]

@@ -41,7 +41,7 @@ from vgen.models.drafter import Drafter, InferenceHead
 from vgen.samplers.base import job_shape, option, register_sampler
 from vgen.samplers.spec.rules import BlockRule, GSDRuleOptions, LanternRuleOptions, TokenRule
 from vgen.samplers.spec.scheduler import SlotState, StepConfig, advance
-from vgen.samplers.spec.widths import timed_width
+from vgen.samplers.spec.widths import SMALL_JOB_WINDOW, timed_width
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 
 ACCEPT = ("exact", "lantern", "gsd")
@@ -405,9 +405,13 @@ class EagleSampler(SpeculativeSampler):
         if not satisfies(model, FeatureModel):
             raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
                             "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
-        if self.options.tree and not getattr(model, "tree_passes", True):
-            raise VGenError(f"{type(model).__name__} takes no tree passes (its cache keeps the model's own slot "
-                            "layout): run eagle with a chain (tree='')")
+        if self.options.tree and self.options.children == "top":
+            wide = max(sum(1 for q in parse_tree(self.options.tree) if q[:-1] == p[:-1]) for p in
+                       parse_tree(self.options.tree))
+            if wide > model.vocab_size:
+                raise VGenError(f"tree {self.options.tree!r} gives a node {wide} children but the model has "
+                                f"{model.vocab_size} codes: children=top needs distinct codes (use children=sample "
+                                "or a narrower tree)")
         if not isinstance(draft, Drafter):
             raise VGenError("sampler 'eagle' needs a draft head: pass drafter=<drafter.safetensors> (a Pipeline loads "
                             "the one its card names; train one with `vgen train recipe=drafter`)")
@@ -428,8 +432,10 @@ class EagleSampler(SpeculativeSampler):
             samples, job_batch = job_shape(cond.shape[0], batch_size)
             b = min(samples, job_batch)
             w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.run_width(
-                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft)) \
-                if o.window == "auto" else tree_window
+                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
+                progress=progress) if o.window == "auto" else tree_window
+            if w is None:  # a job smaller than the timing would be: the tree, or a fixed chain, untimed
+                w = tree_window or min(SMALL_JOB_WINDOW, o.max_window)
             if w == 1:
                 return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
             return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)

@@ -52,6 +52,7 @@ class T2ITrainConfig(RecipeConfig):
     caption_tokens: int = 32      # the GPT's cls_token_num: the encoder's max length
     text_vocab: int = 1000
     subject_dropout: float = 0.0  # share of training captions without the subject (treatment_caption)
+    treatments: int = 1           # looks per training crop: k > 1 adds each crop under k - 1 other treatments
     text: dict = field(default_factory=lambda: dict(d_model=128, d_kv=32, d_ff=512, num_layers=3, num_heads=4))
     model: dict = field(default_factory=lambda: dict(
         dim=256, n_layer=6, n_head=4, vocab_size=1024, block_size=256, class_dropout_prob=0.1,
@@ -90,20 +91,22 @@ def caption_tokenizer(run_path: Path, cfg: T2ITrainConfig) -> Path:
 
 
 @torch.no_grad()
-def captioned_codes(run_path: Path, tokenizer, split: str, n: int, seed: int):
-    """(codes int16 (n, L), facts list) of ``n`` captioned crops, cached as ``codes_<split>.pt`` + ``facts_<split>.json``."""
+def captioned_codes(run_path: Path, tokenizer, split: str, n: int, seed: int, variant: int = 0):
+    """(codes int16 (n, L), facts list) of ``n`` captioned crops, cached as ``codes_<split>.pt`` + ``facts_<split>.json``
+    (variant k > 0: the same crops under their k-th other treatment, ``codes_<split>_v<k>.pt``)."""
     from vgen.data import to_model_range
     from vgen.data.captions import captioned_photos
-    path, fpath = run_path / f"codes_{split}.pt", run_path / f"facts_{split}.json"
+    tag = f"{split}_v{variant}" if variant else split
+    path, fpath = run_path / f"codes_{tag}.pt", run_path / f"facts_{tag}.json"
     if path.exists() and fpath.exists():
         codes = torch.load(path, weights_only=True)["codes"]
         facts = json.loads(fpath.read_text())
         if codes.shape[0] == n == len(facts):
             return codes, facts
-    data = captioned_photos(split, n, seed=seed)
+    data = captioned_photos(split, n, seed=seed, variant=variant)
     device = next(tokenizer.parameters()).device
     codes = []
-    for i in tqdm(range(0, n, 128), desc=f"encode {split}", leave=False):
+    for i in tqdm(range(0, n, 128), desc=f"encode {tag}", leave=False):
         codes.append(tokenizer.encode_to_codes(to_model_range(data.images[i:i + 128].to(device))).to(torch.int16).cpu())
     codes = torch.cat(codes)
     facts = [f if isinstance(f, dict) else asdict(f) for f in data.facts]
@@ -156,6 +159,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     if not 0.0 <= cfg.subject_dropout <= 1.0:
         raise VGenError(f"recipe.subject_dropout is a share of the captions: give a number in [0, 1], got "
                         f"{cfg.subject_dropout}")
+    if not 1 <= cfg.treatments <= 4:
+        raise VGenError(f"recipe.treatments is how many looks each training crop has: give 1 to 4, got "
+                        f"{cfg.treatments}")
     init = Path(cfg.init_pipeline) if cfg.init_pipeline else None
     needs = [(cfg.tokenizer, "VQ tokenizer", "vq")]
     if init is not None:
@@ -172,6 +178,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
         tmp.rename(run.path / "text")
     text_folder = caption_tokenizer(run.path, cfg)
     tr_codes, tr_facts = captioned_codes(run.path, vq, "train", cfg.n_train, cfg.seed)
+    for k in range(1, cfg.treatments):  # the same crops under other looks
+        codes, facts = captioned_codes(run.path, vq, "train", cfg.n_train, cfg.seed, variant=k)
+        tr_codes, tr_facts = torch.cat([tr_codes, codes]), tr_facts + facts
     te_codes, te_facts = captioned_codes(run.path, vq, "test", cfg.n_test, cfg.seed + 1)
     if init is not None:  # the trained encoder (its weights travel in text/ with the tokenizer)
         from vgen.models.text import TextEncoder

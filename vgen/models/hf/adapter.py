@@ -51,10 +51,11 @@ def register_family(name: str, detect: Callable[[nn.Module], bool], wrap: Callab
 
 
 class TransformersCache(KVCache):
-    """vgen's static KV cache for a transformers decoder. Masks, ``limit`` and ``bucket`` speak vgen's slots (prompt
-    slots, then one slot per grid token); the keys live in the model's own layout underneath (a row-end slot after
-    each grid row when the family forces one, and one scratch slot no query ever reads). ``pad`` (B,): each row's
-    left padding, set by the prefill."""
+    """vgen's static KV cache for a transformers decoder. Masks, ``limit``, ``bucket``, ``write_at`` and ``move`` speak
+    vgen's slots (prompt slots, one slot per grid token, then a tree pass's scratch slots); the keys live in the
+    model's own layout underneath (a row-end slot after each grid row when the family forces one, a row-end slot
+    beside each scratch slot, and one slot no query ever reads). ``pad`` (B,): each row's left padding, set by the
+    prefill."""
 
     def __init__(self, layout: _Layout, n_layer: int, batch_size: int, n_kv_head: int, max_len: int, head_dim: int,
                  dtype: torch.dtype, device):
@@ -72,12 +73,16 @@ class TransformersCache(KVCache):
         super().limit(n)
         self.hf_length = self.hf_max if n is None else min(self.hf_max - 1, self.layout.hf_len(self.length))
 
-    def write_at(self, slots) -> None:
-        if slots is not None:
-            raise VGenError("tree passes (eagle) are not supported on transformers models")
-
-    def move(self, src, dst) -> None:
-        raise VGenError("tree passes (eagle) are not supported on transformers models")
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy keys and values from vgen slots ``src`` to ``dst`` ((B, M) each; a tree pass keeps its accepted path),
+        with the forced row end that follows a ``dst`` which ends a grid row (written beside its scratch slot)."""
+        lay = self.layout
+        if not lay.row_end:
+            return super().move(src, dst)
+        ms, md = lay.slot(src), lay.slot(dst)
+        super().move(ms, md)
+        end = lay.ends_row(dst)
+        super().move(torch.where(end, ms + 1, md), torch.where(end, md + 1, md))  # elsewhere: a copy onto itself
 
     def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, H, S, D) at model slots ``input_pos`` ((S,) or (B, S)); K, V over the readable slots."""
@@ -103,26 +108,44 @@ class _CacheView:
 
 
 class _Layout:
-    """vgen slots -> the model's slots for prompts of ``C`` tokens and a grid ``w`` codes wide with a forced token
-    after each row (``row_end``) or none."""
+    """vgen slots -> the model's slots for prompts of ``C`` tokens and ``L`` grid codes, the grid ``w`` codes wide
+    with a forced token after each row (``row_end``) or none. vgen slots from ``base`` = C + L on are a tree pass's
+    scratch slots (:mod:`vgen.kernels.tree`); with row ends each takes two model slots, the node's and its row end's
+    (written only when the node's position ends a row)."""
 
-    def __init__(self, C: int, w: int, row_end: bool):
-        self.C, self.w, self.row_end = C, w, row_end
+    def __init__(self, C: int, w: int, row_end: bool, L: int):
+        self.C, self.w, self.row_end, self.base = C, w, row_end, C + L
+        self.hf_base = self._grid_len(self.base)
         self._columns: dict = {}
+
+    def _grid_slot(self, s):
+        img = s - self.C
+        return s + (img.clamp_min(0) if isinstance(img, torch.Tensor) else max(img, 0)) // self.w
+
+    def _grid_len(self, n: int) -> int:
+        if n <= self.C or not self.row_end:
+            return n
+        last = n - 1
+        return self._grid_slot(last) + 1 + int((last - self.C) % self.w == self.w - 1)
 
     def slot(self, s):
         """The model slot of vgen slot ``s`` (an int or a tensor)."""
         if not self.row_end:
             return s
-        img = s - self.C
-        return s + (img.clamp_min(0) if isinstance(img, torch.Tensor) else max(img, 0)) // self.w
+        scratch = self.hf_base + 2 * (s - self.base)
+        if isinstance(s, torch.Tensor):
+            return torch.where(s >= self.base, scratch, self._grid_slot(s))
+        return scratch if s >= self.base else self._grid_slot(s)
+
+    def ends_row(self, pos: torch.Tensor) -> torch.Tensor:
+        """Whether the code at vgen position ``pos`` (a grid slot) is the last of its row: a row end follows it."""
+        return ((pos - self.C) % self.w == self.w - 1) & (pos >= self.C) & (pos < self.base)
 
     def hf_len(self, n: int) -> int:
         """Model slots that cover vgen slots [0, n), with the row end after slot n - 1 when it ends a row."""
-        if n <= self.C or not self.row_end:
-            return n
-        last = n - 1
-        return self.slot(last) + 1 + int((last - self.C) % self.w == self.w - 1)
+        if n <= self.base or not self.row_end:
+            return self._grid_len(n)
+        return self.hf_base + 2 * (n - self.base)
 
     def columns(self, hf_len: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For each model slot t < hf_len: the vgen slot whose visibility it takes (a row end: its row's last
@@ -136,6 +159,11 @@ class _Layout:
             row, col = img // (self.w + 1), img % (self.w + 1)
             is_end = (t >= self.C) & (col == self.w) if self.row_end else torch.zeros_like(t, dtype=torch.bool)
             src = torch.where(t < self.C, t, self.C + row * self.w + col.clamp_max(self.w - 1)) if self.row_end else t
+            if self.row_end:  # the scratch region: (node, its row end) per scratch slot
+                j = (t - self.hf_base).clamp_min(0)
+                scratch = t >= self.hf_base
+                src = torch.where(scratch, self.base + j // 2, src)
+                is_end = torch.where(scratch, j % 2 == 1, is_end)
             have = self._columns[key] = (src, is_end, t)
         return tuple(x[:hf_len] for x in have)
 
@@ -147,7 +175,6 @@ class TransformersModel(nn.Module):
     num_classes = 0
     conditioning = "tokens"
     auto_compiles = False  # compile=auto leaves transformers' forward eager (compile=true still compiles)
-    tree_passes = False    # eagle drafts chains here: the cache cannot move a tree's accepted path
 
     def __init__(self, family: Family, hf_model: nn.Module):
         super().__init__()
@@ -196,7 +223,7 @@ class TransformersModel(nn.Module):
         return self.family.decode_image(codes)
 
     def _layout(self) -> _Layout:
-        return _Layout(self.cond_len, self.family.grid[1], self.family.row_end is not None)
+        return _Layout(self.cond_len, self.family.grid[1], self.family.row_end is not None, self.seq_len)
 
     # ---- conditions -----------------------------------------------------------------------------------------
     def prepare(self, cond: torch.Tensor) -> tuple[TransformersModel, torch.Tensor]:
@@ -221,7 +248,7 @@ class TransformersModel(nn.Module):
         L = max(cond.shape[1], null.shape[1])
         if cond.shape[1] < L:
             cond = torch.cat([cond.new_full((cond.shape[0], L - cond.shape[1]), -1), cond], 1)
-        hf_len = _Layout(L, self.family.grid[1], self.family.row_end is not None).hf_len(L + self.seq_len)
+        hf_len = _Layout(L, self.family.grid[1], self.family.row_end is not None, self.seq_len).hf_len(L + self.seq_len)
         if self.family.max_positions is not None and hf_len > self.family.max_positions:
             raise VGenError(f"a {L}-token prompt plus the {hf_len - L} image positions exceeds {self.family.name}'s "
                             f"context of {self.family.max_positions} positions: shorten the prompt")
@@ -298,31 +325,39 @@ class TransformersModel(nn.Module):
         x = self.family.embed_codes(tokens)
         hf_len = cache.hf_length
         n_v = mask.shape[-1]
+        write = cache.write_slots  # a tree pass: nodes written at scratch slots, RoPE from their positions
         if not lay.row_end:  # model slots are vgen slots: the mask as it is (a never-read scratch column aside)
             m = mask if hf_len == n_v else torch.nn.functional.pad(mask, (0, hf_len - n_v))
             rope = (input_pos if input_pos.dim() == 2 else input_pos[None]) - cache.pad[:, None]
-            return self._run(x, input_pos, rope, m, cache)
+            return self._run(x, input_pos if write is None else write, rope, m, cache)
         cols, is_end, t = lay.columns(hf_len, tokens.device)
         ok = cols < n_v
         cols = cols.clamp_max(n_v - 1)
         pos = input_pos if input_pos.dim() == 2 else input_pos[None].expand(B, -1)
-        slots = lay.slot(pos)
-        ends = ((pos - lay.C) % lay.w == lay.w - 1) & (pos >= lay.C)
+        rslots = lay.slot(pos)                                          # (B, S) model positions (RoPE)
+        wslots = rslots if write is None else lay.slot(write if write.dim() == 2 else write[None].expand(B, -1))
+        ends = lay.ends_row(pos)
         k = int(ends.sum(1).max())  # host read: how many row ends this pass feeds (0 on most AR steps)
+        if write is not None:  # a scratch row end is readable only where this pass writes one (its node ends a row)
+            written = torch.zeros(B, hf_len + 1, dtype=torch.bool, device=tokens.device)
+            written.scatter_(1, torch.where(ends & (wslots >= lay.hf_base), wslots + 1, hf_len), True)
+            scratch_end = is_end & (t >= lay.hf_base)
+            ok = (ok[None] & (~scratch_end[None] | written[:, :hf_len]))[:, None, None]
         if k == 0:
             m = mask[..., cols] & ok
-            hide = is_end[None, None, :] & (slots[:, :, None] + 1 == t)
+            hide = is_end[None, None, :] & (wslots[:, :, None] + 1 == t)
             m = m & ~hide[:, None]
-            return self._run(x, slots if input_pos.dim() == 2 else lay.slot(input_pos), slots - cache.pad[:, None], m,
-                             cache)
+            w = wslots if input_pos.dim() == 2 or write is not None else lay.slot(input_pos)
+            return self._run(x, w, rslots - cache.pad[:, None], m, cache)
         # feed the forced row end after each row's last code in this pass: k extra queries per row
         ar = torch.arange(S, device=tokens.device)
         order = torch.where(ends, ar, S).sort(1).values[:, :k]       # (B, k) the row-ending queries, in order
         real = order < S
         src = order.clamp_max(S - 1)
         scratch = cache.hf_max - 1
-        end_slots = torch.where(real, slots.gather(1, src) + 1, scratch)
-        all_slots = torch.cat([slots, end_slots], 1)                  # (B, S + k)
+        end_slots = torch.where(real, wslots.gather(1, src) + 1, scratch)
+        all_slots = torch.cat([wslots, end_slots], 1)                 # (B, S + k) where each query writes
+        rope = torch.cat([rslots, rslots.gather(1, src) + 1], 1) - cache.pad[:, None]
         xe = self.family.embed_prompt(torch.full((B, k), self.family.row_end, device=tokens.device))
         mrows = mask.expand(B, -1, -1, -1)
         mrows = torch.cat([mrows, mrows.gather(2, src[:, None, :, None].expand(-1, 1, -1, n_v))], 2)
@@ -330,7 +365,7 @@ class TransformersModel(nn.Module):
         hide = is_end[None, None, :] & (all_slots[:, :, None] + 1 == t)
         hide[:, S:] = False  # a row end reads itself
         m = m & ~hide[:, None]
-        h = self._run(torch.cat([x, xe], 1), all_slots, all_slots - cache.pad[:, None], m, cache)
+        h = self._run(torch.cat([x, xe], 1), all_slots, rope, m, cache)
         out = h[:, :S].clone()
         rows = torch.arange(B, device=tokens.device)[:, None].expand(-1, k)
         out[rows[real], src[real]] = h[:, S:][real]
