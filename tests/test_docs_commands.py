@@ -150,7 +150,9 @@ def real_argv(argv, outdir: Path) -> list[str]:
         defaults = {f.name: f.default for cls in sampler_classes(sampler) for f in dataclasses.fields(cls.Options)}
         if defaults.get("window") == "auto":
             out.append(f"sampler.window={DRAFT_WINDOW}")
-        if defaults.get("num_sampling_steps") == 0 and "sampler.num_sampling_steps" not in given:
+        takes_steps = all(any(f.name == "num_sampling_steps" for f in dataclasses.fields(cls.Options))
+                          for cls in sampler_classes(sampler))  # "ar" is also the token models' sampler
+        if takes_steps and defaults.get("num_sampling_steps") == 0 and "sampler.num_sampling_steps" not in given:
             out.append(f"sampler.num_sampling_steps={HEAD_STEPS}")  # a continuous head's reverse steps (MAR: 100)
     return out
 

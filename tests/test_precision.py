@@ -139,7 +139,7 @@ def test_gpu_experiment_runs_small_on_a_cpu(tmp_path):
     and dtype (1 token = 1.0) and AR against the official loop, in bench.json and bench.md."""
     out = tmp_path / "gpu"
     r = subprocess.run([sys.executable, "-m", "vgen", "bench", "+experiment=gpu", "cpu_shapes=[cpu-S]",
-                        "batch_sizes=[1]", "shape_batches=[1]", "repeats=1", "compile=false", "samplers=[ar]",
+                        "batch_sizes=[1]", "shape_batches=[1]", "repeats=1", "warmup=false", "compile=false", "samplers=[ar]",
                         "num_samples=1",
                         "pass_widths=[1,2,8]", f"outdir={out}"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

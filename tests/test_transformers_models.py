@@ -544,7 +544,7 @@ def test_bench_and_demo_take_the_transformers_zoo_model(tmp_path):
     from vgen.cli import main
     from vgen.demo import Demo, zoo_models
     out = tmp_path / "bench"
-    main(["bench", "models=[photos-emu3]", "batch_sizes=[1]", "repeats=1", "num_samples=1",
+    main(["bench", "models=[photos-emu3]", "batch_sizes=[1]", "repeats=1", "num_samples=1", "warmup=false",
           'samplers=[ar,"sjd:window=4"]', "fid_samples=0", f"outdir={out}"])
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [row["sampler"] for row in rows] == ["ar", "sjd:window=4"]
