@@ -156,6 +156,7 @@ def test_treatments_read_back_from_pixels(split, seed, colour_min, light_min):
             assert hits[values == v].mean() >= 0.97, (attr, v)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes (26-32 s in CI)
 @needs_zoo("photos-t2i")
 def test_treatments_read_back_through_the_zoo_tokenizer():
     """The judge reads the treatments back from round trips through photos-t2i's tokenizer (what a perfect

@@ -117,6 +117,7 @@ def reference_cosines(folder, imgs: torch.Tensor, prompts: list[str]) -> torch.T
 
 
 # ---- the score ------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_the_standard_vit_b32_shapes(tmp_path):
     """transformers' CLIPConfig() is ViT-B/32 (the shapes of openai/clip-vit-base-patch32); one random-weights
     model of those shapes, without preprocessor_config.json (the OpenAI preprocessing by default), scores two

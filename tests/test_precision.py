@@ -73,6 +73,7 @@ def test_pipeline_dtype_by_name(tiny_pipeline):
     assert g.images.dtype == torch.uint8 and g.stats["kv_cache_bytes"] > 0
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_sample_dtype_is_recorded_and_defines_the_samples(tiny_pipeline, tmp_path):
     """`vgen sample dtype=bfloat16` records the dtype in run.json (other samples than float32's), and a rerun in
     another dtype into the same folder is refused, not mixed."""
@@ -115,6 +116,7 @@ def test_default_threads_are_this_process_share_of_the_cores(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes (22 s in CI: real processes)
 def test_the_vgen_command_bounds_openmp_spinning():
     """A `vgen` process (python -m vgen, as torchrun starts it) bounds how long idle OpenMP threads spin before they
     sleep (set before torch starts), unless the user chose a wait policy or a spin count; another program that

@@ -132,6 +132,7 @@ def test_prompt_accuracy_reads_real_captioned_crops():
     assert prompt_accuracy(d.images, shuffled)["subject_accuracy"] <= 0.3
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_eval_suite_t2i_scores_a_sample_folder(tmp_path, monkeypatch):
     from vgen.cli import main
     from vgen.data.captions import captioned_photos
