@@ -69,6 +69,7 @@ class TransformersPipeline:
         self._tokenize, self._decode_codes, self.examples = tokenize, decode_codes, list(examples or [])
         self.card: Card | None = None  # set by the loaders (what `vgen sample` checked; the zoo's names a drafter)
         self.tokenizer = None          # the zoo's image tokenizer (photos-t2i's VQ): what a drafter recipe encodes with
+        self._heads: dict = {}         # draft heads loaded by draft_for, by path
         kw = dict(family_options)
         is_emu3 = type(hf_model).__name__.startswith("Emu3")
         if is_emu3 and "negative_prompt_ids" not in kw:
@@ -135,7 +136,6 @@ class TransformersPipeline:
         ``seed + i`` or ``seeds[i]`` (any batching: the same bytes). ``labels`` / ``prompt`` (a class id, a video
         prompt) are refused: these models read text."""
         from vgen.conditions import prompts as check_prompts
-        from vgen.samplers.base import get_sampler
         if labels is not None or prompt is not None:
             raise VGenError(f"{self.name} is a text-to-image model: give prompts=[...] (no class labels or clips)")
         if (prompts is None) == (input_ids is None):
@@ -147,31 +147,33 @@ class TransformersPipeline:
         else:
             ids = torch.as_tensor(input_ids)
             ids = (ids[None] if ids.dim() == 1 else ids).to(self.device)
-        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
         n = ids.shape[0]
         if seeds is None:
             seed = validate.seed(seed, n)
             seeds = [seed + i for i in range(n)]
         elif len(seeds) != n:
             raise VGenError(f"got {len(seeds)} seeds for {n} prompts: give one seed per prompt")
-        s = get_sampler(sampler, model=self.model, **opts)
+        s = self.make_sampler(sampler, **options)
         t0 = time.perf_counter()
         tokens, stats = self.sample_tokens(s, ids, [validate.seed(x) for x in seeds], batch_size, progress)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
         pixels = self.decode(tokens)
-        stats.update(sampler=sampler, options=opts, num_samples=ids.shape[0], sample_seconds=t1 - t0,
+        stats.update(sampler=sampler, options=self.sample_options(sampler, options), num_samples=ids.shape[0], sample_seconds=t1 - t0,
                      decode_seconds=time.perf_counter() - t1)
         return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
                           texts)
 
 
+    def sample_options(self, sampler: str, options: dict) -> dict:
+        """The options given, the model card's settings filled in where not given (what ``generate`` records)."""
+        return {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
+
     def make_sampler(self, sampler: str = "ar", **options):
-        """The sampler ``generate`` would run, the model card's settings filled in where not given (``vgen bench``)."""
+        """The sampler ``generate`` would run (``vgen bench`` times it), with :meth:`sample_options`' settings."""
         from vgen.samplers.base import get_sampler
-        opts = {**self.sampling_defaults(sampler), **{k: v for k, v in options.items() if v is not None}}
-        return get_sampler(sampler, model=self.model, **opts)
+        return get_sampler(sampler, model=self.model, **self.sample_options(sampler, options))
 
     def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
                       progress: bool = False, prefix=None):
@@ -190,23 +192,16 @@ class TransformersPipeline:
         if sampler.draft_kind != "head":
             raise VGenError(f"sampler {sampler.name!r} needs a draft model, which transformers pipelines do not take: "
                             "use eagle (a draft head), sjd, scd, gsd, lantern or zipar")
-        from pathlib import Path as _Path
-
-        from vgen.models.drafter import load_drafter
+        from vgen.models.drafter import head_for
         given = sampler.options.drafter
         if self.card is not None:
             path = self.card.drafter_path(given)
         elif given:
-            path = _Path(given).expanduser()
+            path = Path(given).expanduser()
         else:
             raise VGenError(f"{self.name} names no draft head: pass drafter=<drafter.safetensors> (train one with "
                             f"`vgen train recipe=drafter recipe.model=<this model>`)")
-        heads = self.__dict__.setdefault("_heads", {})
-        if str(path) not in heads:
-            head = load_drafter(path, device=self.device)
-            head.check_target(self.model, f"draft head {path}")
-            heads[str(path)] = head
-        return heads[str(path)]
+        return head_for(self._heads, path, self.model, self.device)
 
 
 def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:

@@ -187,13 +187,9 @@ class Pipeline:
     def draft_for(self, sampler):
         """What ``sampler`` drafts with: a draft model (cspd) or a draft head (eagle), loaded once and kept."""
         if sampler.draft_kind == "head":
-            path = self.card.drafter_path(sampler.options.drafter)
-            heads = self.__dict__.setdefault("_heads", {})
-            if str(path) not in heads:
-                from vgen.models.drafter import load_drafter
-                heads[str(path)] = load_drafter(path, device=self.device)
-                heads[str(path)].check_target(self.model, f"draft head {path}")
-            return heads[str(path)]
+            from vgen.models.drafter import head_for
+            return head_for(self.__dict__.setdefault("_heads", {}), self.card.drafter_path(sampler.options.drafter),
+                            self.model, self.device)
         return self.draft_model(sampler.options.draft)
 
     def draft_model(self, name: str = ""):

@@ -300,3 +300,14 @@ def load_drafter(path, device="cpu") -> Drafter:
                         "`vgen train recipe=drafter`")
     d.load_state_dict({k: v.float() for k, v in state.items()}, strict=True, assign=True)
     return d.to(device).eval().requires_grad_(False)
+
+
+def head_for(heads: dict, path, model, device="cpu") -> Drafter:
+    """The draft head at ``path``, loaded once into ``heads`` (a pipeline's cache, keyed by path) and checked
+    against ``model``, the target it drafts for."""
+    key = str(path)
+    if key not in heads:
+        head = load_drafter(path, device=device)
+        head.check_target(model, f"draft head {path}")
+        heads[key] = head
+    return heads[key]

@@ -28,6 +28,7 @@ slots. ``children`` says how siblings are proposed: ``sample`` (i.i.d. draws fro
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -406,8 +407,7 @@ class EagleSampler(SpeculativeSampler):
             raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
                             "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
         if self.options.tree and self.options.children == "top":
-            wide = max(sum(1 for q in parse_tree(self.options.tree) if q[:-1] == p[:-1]) for p in
-                       parse_tree(self.options.tree))
+            wide = max(Counter(p[:-1] for p in parse_tree(self.options.tree)).values())  # most children of a node
             if wide > model.vocab_size:
                 raise VGenError(f"tree {self.options.tree!r} gives a node {wide} children but the model has "
                                 f"{model.vocab_size} codes: children=top needs distinct codes (use children=sample "
