@@ -249,7 +249,7 @@ def test_lossless_samplers_are_exact(family, name, opts):
     """Every 2 x 2 image over 3 codes enumerated from the model's own teacher-forced logits (transformers' modules,
     no adapter); 20,000 samples match it (chi-square) and reject the unguided law (power). eagle's tree on Emu3
     (2 codes per row: its nodes cross row ends)."""
-    V, N = 3, 20_000
+    V = 3
     seqs = all_sequences(V, 4)
     with torch.no_grad():
         if family == "janus":
@@ -264,11 +264,17 @@ def test_lossless_samplers_are_exact(family, name, opts):
             prompt = torch.tensor([[0, 10, 11, 7, 9, 6]])
             ref = [emu3_reference_logits(m, p.expand(len(seqs), -1), seqs, w=2, n_codes=V)
                    for p in (prompt, prompt[:, -1:])]
-    opts = dict(opts, cfg_scale=1.5, top_k=2, temperature=0.9)
+    draft = drafter_for(model) if name == "eagle" else None
+    samples_follow_the_enumerated_law(model, prompt, ref, seqs, name, dict(opts, draft=draft))
+
+
+def samples_follow_the_enumerated_law(model, prompt, ref, seqs, name, opts, V=3, N=20_000):
+    """20,000 samples at cfg 1.5, top-k 2, temperature 0.9 match the law enumerated from the teacher-forced logits
+    ``ref`` (chi-square), reject the unguided law (power) and never hit an impossible sequence."""
     joint = enumerated(ref, seqs, 1.5, top_k=2, temperature=0.9)
     wrong = enumerated(ref, seqs, 1.0, top_k=2, temperature=0.9)
-    draft = drafter_for(model) if name == "eagle" else None
-    tokens, st = sample(model, prompt.expand(N, -1), name, seed=1, batch_size=5_000, draft=draft, **opts)
+    tokens, st = sample(model, prompt.expand(N, -1), name, seed=1, batch_size=5_000, cfg_scale=1.5, top_k=2,
+                        temperature=0.9, **opts)
     counts = counts_of(tokens, V)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, wrong) < 1e-6
@@ -298,16 +304,20 @@ def test_left_padding_changes_nothing(family, name):
     else:
         model = from_transformers(emu3(codes=16, std=0.2), height=3, width=4)
         short, long_ = [0, 10, 7, 9, 6], [0, 12, 13, 14, 7, 9, 6]
-    alone, _ = sample(model, torch.tensor([short]), name, seed=7, cfg_scale=2.0, top_k=8, window=3) \
-        if name == "sjd" else sample(model, torch.tensor([short]), name, seed=7, cfg_scale=2.0, top_k=8)
-    batch = torch.tensor([long_, [-1] * (len(long_) - len(short)) + short])
+    padding_changes_nothing(model, short, long_, name, chunk=5)
+
+
+def padding_changes_nothing(model, short, long_, name, chunk):
+    """``short`` alone and left-padded in a batch beside ``long_``: the same tokens (seeds per sample) and logits."""
     kw = dict(window=3) if name == "sjd" else {}
+    alone, _ = sample(model, torch.tensor([short]), name, seed=7, cfg_scale=2.0, top_k=8, **kw)
+    batch = torch.tensor([long_, [-1] * (len(long_) - len(short)) + short])
     both, _ = sample(model, batch, name, seed=6, cfg_scale=2.0, top_k=8, **kw)  # row 1 gets seed 7
     assert torch.equal(both[1], alone[0])
-    codes = torch.randint(0, 16, (1, 12), generator=torch.Generator().manual_seed(2))
+    codes = torch.randint(0, model.vocab_size, (1, model.seq_len), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        la = adapter_logits(model, torch.tensor([short]), codes, 5)
-        lb = adapter_logits(model, batch, codes.expand(2, -1), 5)[1:]
+        la = adapter_logits(model, torch.tensor([short]), codes, chunk)
+        lb = adapter_logits(model, batch, codes.expand(2, -1), chunk)[1:]
     assert torch.allclose(la, lb, atol=1e-5)
 
 

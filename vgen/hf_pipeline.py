@@ -20,8 +20,13 @@ from vgen.models.hf import TransformersModel, from_transformers
 from vgen.cards import Card
 from vgen.pipeline import Generation, register_loader
 
-# the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048)
-DEFAULTS = {"Janus": {"cfg_scale": 5.0}, "Emu3": {"cfg_scale": 3.0, "top_k": 2048}}
+# the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048;
+# Lumina-mGPT's inference solver: cfg 3, image top-k 2000; Chameleon's image options, which Anole keeps: text
+# guidance 3, temperature 0.7, top-p 0.9)
+DEFAULTS = {"Janus": {"cfg_scale": 5.0}, "Emu3": {"cfg_scale": 3.0, "top_k": 2048},
+            "Lumina-mGPT": {"cfg_scale": 3.0, "top_k": 2000},
+            "Anole": {"cfg_scale": 3.0, "temperature": 0.7, "top_p": 0.9}}
+VQGAN_FILES = ("vqgan.safetensors", "vqgan.ckpt")  # Chameleon's image decoder, beside the model's files
 EMU3_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
                  "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
 
@@ -48,11 +53,34 @@ def transformers_folder(name) -> Path | None:
 def model_class(folder: Path):
     kind = json.loads((folder / "config.json").read_text()).get("model_type")
     import transformers
-    classes = {"janus": transformers.JanusForConditionalGeneration, "emu3": transformers.Emu3ForConditionalGeneration}
+    classes = {"janus": transformers.JanusForConditionalGeneration, "emu3": transformers.Emu3ForConditionalGeneration,
+               "chameleon": transformers.ChameleonForConditionalGeneration}
     if kind not in classes:
         raise VGenError(f"{folder} holds a {kind!r} model: vgen drives the transformers image generators "
-                        f"{', '.join(classes)} (Chameleon-based Lumina-mGPT / Anole: see docs/models/transformers.md)")
+                        f"{', '.join(classes)} (Chameleon: Lumina-mGPT and Anole)")
     return classes[kind]
+
+
+def vqgan_file(folder: Path) -> Path:
+    """Chameleon's VQGAN decoder in a model folder (``vqgan.safetensors`` or Meta's ``vqgan.ckpt``), or a one-line
+    error naming where it comes from."""
+    for name in VQGAN_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise VGenError(f"{folder} has no vqgan.ckpt: Chameleon models decode through the VQGAN of Meta's Chameleon "
+                    "release (tokenizer/vqgan.ckpt; Lumina-mGPT keeps it in ckpts/chameleon/tokenizer/): copy it "
+                    "into the model's folder")
+
+
+def chameleon_grid(name, layout: str) -> tuple[int, int]:
+    """The default token grid of a Chameleon release: Anole 32 x 32 (512 px); Lumina-mGPT from the resolution in its
+    name (Alpha-VLLM/Lumina-mGPT-7B-512 / -768 / -1024: pixels / 16), 768 px when the name states none."""
+    if layout == "anole":
+        return 32, 32
+    import re
+    m = re.search(r"(?<!\d)(512|768|1024)(?!\d)", str(name))
+    n = int(m.group(1)) // 16 if m else 48
+    return n, n
 
 
 class TransformersPipeline:
@@ -80,6 +108,10 @@ class TransformersPipeline:
             neg = EMU3_NEGATIVE if negative_prompt is None else negative_prompt
             if processor is not None and neg:
                 kw["negative_prompt_ids"] = self._tokenize_emu3(neg, height, width)
+        elif negative_prompt and processor is not None and type(hf_model).__name__.startswith("Chameleon"):
+            tok = getattr(processor, "tokenizer", processor)  # BOS + the text; the family appends the opening
+            kw["negative_prompt_ids"] = [hf_model.config.bos_token_id] + tok(negative_prompt,
+                                                                             add_special_tokens=False).input_ids
         self.model: TransformersModel = from_transformers(hf_model, height, width, **kw)
         self.defaults = dict(DEFAULTS.get(self.model.family.name, {}) if defaults is None else defaults)
 
@@ -100,18 +132,27 @@ class TransformersPipeline:
         return ids[0]
 
     def tokenize(self, prompt: str) -> torch.Tensor:
-        """One prompt -> its ids (L,) as the model's processor builds them for image generation."""
+        """One prompt -> its ids (L,) as the model's processor builds them for image generation (Chameleon: without
+        the image's opening tokens, which the adapter appends)."""
         if self._tokenize is not None:
             return torch.as_tensor(self._tokenize(prompt), dtype=torch.long)
         if self.processor is None:
             raise VGenError(f"{self.name} has no processor (tokenizer / processor files missing from its folder): "
                             "pass prompt token ids with input_ids=..., or load a folder that has them")
-        if self.model.family.name == "Janus":
+        family = self.model.family.name
+        if family == "Janus":
             msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
             text = self.processor.apply_chat_template(msgs, add_generation_prompt=True)
             return self.processor(text=text, generation_mode="image", return_tensors="pt").input_ids[0]
         h, w = self.model.token_shape
-        return self._tokenize_emu3(prompt, h, w)
+        if family == "Emu3":
+            return self._tokenize_emu3(prompt, h, w)
+        wrap = self.model.family.prompt_text
+        if wrap is None:
+            raise VGenError(f"{self.name}: no prompt template for {family}; pass prompt token ids with input_ids=")
+        tok = getattr(self.processor, "tokenizer", self.processor)
+        ids = tok(wrap(prompt), add_special_tokens=False, return_tensors="pt").input_ids[0]
+        return torch.cat([torch.tensor([self.hf.config.bos_token_id]), ids])
 
     def encode(self, prompts) -> torch.Tensor:
         """Prompts (strings, or a :class:`vgen.conditions.Prompts`) -> ids (N, L), each tokenized alone, left-padded
@@ -241,15 +282,26 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
         raise VGenError(f"{src} is not a transformers model folder (config.json, written by save_pretrained) nor a "
                         "hub id in the local cache: download it first (`huggingface-cli download <id>`)")
     cls = model_class(folder)
+    kw = {}
+    if cls.__name__.startswith("Chameleon"):  # before any weights load: its decoder file and its grid
+        from vgen.models.hf.chameleon import default_layout
+        from vgen.tokenizers.vqgan import load_vqgan
+        kw["vqgan"] = load_vqgan(vqgan_file(folder), device=device, dtype=dtype)
+        layout = default_layout(json.loads((folder / "config.json").read_text()).get("architectures"))
+        if height is None and width is None:
+            height, width = chameleon_grid(src, layout)
     model = cls.from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
     model = model.to(device)
     processor = None
     try:
         from transformers import AutoProcessor
         processor = AutoProcessor.from_pretrained(folder, local_files_only=True)
-    except Exception:  # noqa: BLE001 - no processor files: prompt ids only (prompts get a one-line error)
-        processor = None
-    kw = {}
+    except Exception:  # noqa: BLE001 - no processor files: a tokenizer alone, or prompt ids only
+        try:
+            from transformers import AutoTokenizer
+            processor = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception:  # noqa: BLE001 - no tokenizer either: prompts get a one-line error
+            processor = None
     gen = folder / "generation_config.json"  # transformers drops its generation_kwargs on load: read them here
     if cls.__name__.startswith("Janus") and gen.is_file():
         boi = (json.loads(gen.read_text()).get("generation_kwargs") or {}).get("boi_token_id")
@@ -304,6 +356,14 @@ def card(name) -> Card:
         vocab = conf.get("vocabulary_map") or {}
         data = {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
                 "sampling": DEFAULTS["Emu3"]}
+    elif kind == "chameleon":
+        from vgen.models.hf.chameleon import default_layout
+        vqgan_file(folder)  # the decoder's file, named before anything loads
+        layout = default_layout(conf.get("architectures"))
+        vocab = conf.get("vocabulary_map") or {}
+        data = {"token_shape": list(chameleon_grid(name, layout)),
+                "vocab_size": sum(k.startswith("IMGIMG") for k in vocab),
+                "sampling": DEFAULTS["Lumina-mGPT" if layout == "lumina" else "Anole"]}
     else:
         model_class(folder)  # the one-line error naming what it holds
     data.update(name=str(name), examples=["a photo of a cat sitting on a windowsill"])

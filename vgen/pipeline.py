@@ -292,9 +292,9 @@ def pipeline_for(card: Card, device="cpu", dtype=None):
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, **options):
     """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
-    model in ``dtype`` (None: as stored). A transformers image generator (Janus, Emu3: a save_pretrained folder, or
-    ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes options ``height``, ``width``,
-    ``negative_prompt``."""
+    model in ``dtype`` (None: as stored). A transformers image generator (Janus, Emu3, Lumina-mGPT, Anole: a
+    save_pretrained folder, or ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes options
+    ``height``, ``width``, ``negative_prompt``."""
     for accepts, load, _ in _LOADERS:
         if accepts(name):
             return load(name, device=device, dtype=dtype, **options)

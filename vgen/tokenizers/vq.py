@@ -83,6 +83,15 @@ class AttnBlock(nn.Module):
         return x + self.proj_out(out.transpose(1, 2).reshape(b, c, h, w))
 
 
+def run_blocks(blocks: nn.ModuleList, attn: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
+    """One level's residual blocks, each followed by its self-attention when the level has them."""
+    for i, block in enumerate(blocks):
+        h = block(h)
+        if len(attn):
+            h = attn[i](h)
+    return h
+
+
 class _Level(nn.Module):
     def __init__(self, cin, cout, n_blocks, attn, dropout, resample: str | None):
         super().__init__()
@@ -99,10 +108,7 @@ class _Level(nn.Module):
             self.upsample = Upsample(cout)
 
     def forward(self, h):
-        for i, block in enumerate(self.res):
-            h = block(h)
-            if len(self.attn):
-                h = self.attn[i](h)
+        h = run_blocks(self.res, self.attn, h)
         if hasattr(self, "downsample"):
             h = self.downsample(h)
         if hasattr(self, "upsample"):

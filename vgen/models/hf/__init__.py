@@ -1,4 +1,5 @@
-"""transformers' image-generating AR models as vgen next-token models, weights untouched (Janus / Janus-Pro, Emu3).
+"""transformers' image-generating AR models as vgen next-token models, weights untouched (Janus / Janus-Pro, Emu3,
+Chameleon weights as Lumina-mGPT and Anole).
 
 ``from_transformers(hf_model, height=None, width=None)`` wraps a loaded transformers model in
 :class:`TransformersModel`, a :class:`vgen.interfaces.NextTokenModel` every vgen token sampler drives (``ar``, ``sjd``,
@@ -30,7 +31,7 @@ included), feeds the row end in the same pass as the row's last token and return
 token is never a draft to verify.
 
 Families register where they are defined (:func:`register_family`: :mod:`vgen.models.hf.janus`,
-:mod:`vgen.models.hf.emu3`).
+:mod:`vgen.models.hf.emu3`, :mod:`vgen.models.hf.chameleon`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from vgen.models.hf.adapter import (Family, TransformersCache, TransformersModel
 
 
 def _load_families() -> None:
-    from vgen.models.hf import emu3, janus  # noqa: F401  (each registers itself)
+    from vgen.models.hf import chameleon, emu3, janus  # noqa: F401  (each registers itself)
 
 
 def families() -> list[str]:
@@ -53,8 +54,11 @@ def families() -> list[str]:
 def from_transformers(hf_model: nn.Module, height: int | None = None, width: int | None = None,
                       **family_options) -> TransformersModel:
     """A vgen next-token model over a transformers image generator (the same modules, no copy). ``height`` /
-    ``width``: the token grid (Emu3: required unless the model states it; Janus: its fixed grid). Family options:
-    Emu3's ``negative_prompt_ids`` (its CFG row; default: the prompt's last token, as transformers does)."""
+    ``width``: the token grid (Emu3, Lumina-mGPT: required; Janus: its fixed grid; Anole: 32 x 32 unless given).
+    Family options: Emu3's and Chameleon's ``negative_prompt_ids`` (the CFG row; default: Emu3 the prompt's last
+    token, as transformers does; Chameleon its layout's, see :mod:`vgen.models.hf.chameleon`), Chameleon's
+    ``layout`` ("lumina" / "anole") and ``vqgan`` (the decoder of its images: ``vgen.tokenizers.vqgan.load_vqgan`` of
+    Meta's ``tokenizer/vqgan.ckpt``)."""
     _load_families()
     if not isinstance(hf_model, nn.Module):
         raise VGenError(f"from_transformers takes a loaded transformers model, got {type(hf_model).__name__}: "
@@ -63,10 +67,7 @@ def from_transformers(hf_model: nn.Module, height: int | None = None, width: int
         if detect(hf_model):
             return TransformersModel(wrap(hf_model, height, width, **family_options), hf_model)
     kind = type(hf_model).__name__
-    if "Chameleon" in kind:
-        raise VGenError(f"{kind} is not supported: transformers' Chameleon masks its image-token logits and has no "
-                        "VQ decoder (Lumina-mGPT / Anole need both; see docs/models/transformers.md)")
-    raise VGenError(f"{kind} is not an image generator vgen can drive: supported are "
-                    f"{', '.join(families())} (JanusForConditionalGeneration, Emu3ForConditionalGeneration)")
+    raise VGenError(f"{kind} is not an image generator vgen can drive: supported are {', '.join(families())} "
+                    "(JanusForConditionalGeneration, Emu3ForConditionalGeneration, ChameleonForConditionalGeneration)")
 
 

@@ -35,6 +35,9 @@ class Family:
     decode_image: Callable[[torch.Tensor], torch.Tensor] | None = None  # codes (B, h, w) -> pixels [-1, 1] (B, 3, H, W)
     codebook: Callable[[], torch.Tensor] | None = None   # the VQ's code vectors (V, d): gsd / lantern's similarity
     config: dict | None = None                          # what identifies the shapes (pass-cost tables)
+    prompt_end: tuple[int, ...] = ()                    # the tokens that open the image: every prompt ends with them
+    prompt_text: Callable[[str], str] | None = None     # a user's prompt -> the text to tokenize after BOS (a family
+    #                                                     whose processor does not build image prompts itself)
 
 
 _FAMILIES: list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]] = []
@@ -168,6 +171,22 @@ class _Layout:
         return tuple(x[:hf_len] for x in have)
 
 
+def _ending_with(cond: torch.Tensor, end: tuple[int, ...]) -> torch.Tensor:
+    """Left-padded prompts (B, L) with ``end`` appended to each row that does not already end with it (rows that do
+    get one more column of padding instead)."""
+    if not end:
+        return cond
+    k = len(end)
+    tail = torch.tensor(end, dtype=cond.dtype, device=cond.device)
+    has = (cond[:, -k:] == tail).all(1) if cond.shape[1] >= k else torch.zeros(cond.shape[0], dtype=torch.bool,
+                                                                              device=cond.device)
+    if bool(has.all()):
+        return cond
+    grown = torch.cat([cond, tail.expand(cond.shape[0], -1)], 1)
+    kept = torch.cat([cond.new_full((cond.shape[0], k), -1), cond], 1)
+    return torch.where(has[:, None], kept, grown)
+
+
 class TransformersModel(nn.Module):
     """A :class:`vgen.interfaces.NextTokenModel` over a transformers image generator (see the module docstring).
     ``hf`` is the wrapped model itself (its parameters are this module's)."""
@@ -227,9 +246,9 @@ class TransformersModel(nn.Module):
 
     # ---- conditions -----------------------------------------------------------------------------------------
     def prepare(self, cond: torch.Tensor) -> tuple[TransformersModel, torch.Tensor]:
-        """Check prompt ids (B, L) (-1 = left padding) and bind a view of this model to them: (view, cond), the
-        prompts left-padded further when the null prompt (Emu3's negative prompt) is longer. One-line errors before
-        any forward pass."""
+        """Check prompt ids (B, L) (-1 = left padding) and bind a view of this model to them: (view, cond), with the
+        family's image opening appended where a prompt lacks it (Lumina-mGPT, Anole) and left-padded further when
+        the null prompt (Emu3's negative prompt) is longer. One-line errors before any forward pass."""
         if not isinstance(cond, torch.Tensor) or cond.dim() != 2 or cond.is_floating_point() or cond.dtype == torch.bool:
             shape = tuple(cond.shape) if isinstance(cond, torch.Tensor) else type(cond).__name__
             raise VGenError(f"{self.family.name} reads prompt token ids: give an int64 tensor (B, L) of equal-length "
@@ -244,6 +263,7 @@ class TransformersModel(nn.Module):
         if int(cond.max()) >= self.family.text_vocab or bool((cond < -1).any()):
             raise VGenError(f"prompt ids must be in 0..{self.family.text_vocab - 1} (-1 = padding): tokenize with "
                             "this model's processor")
+        cond = _ending_with(cond, self.family.prompt_end)
         null = self.family.null_prompt(cond)
         L = max(cond.shape[1], null.shape[1])
         if cond.shape[1] < L:

@@ -77,3 +77,32 @@ def emu3_allowed(height: int, width: int, prompt_len: int, visual: list[int], ro
             return [eos]
         return visual
     return allowed
+
+
+def chameleon_vocabulary(codes: int, text: int = 40) -> dict[str, int]:
+    """Chameleon's special tokens at small ids (begin of image 3, end of image 4, Lumina-mGPT's row end 5, its size
+    tokens for 1..4 units at 6..9, ``<image>`` 10) and ``codes`` image tokens ``IMGIMG<digits as letters>Z`` from id
+    ``text`` on, in name order (so code order and id order differ from 11 codes on, as in the released vocabulary)."""
+    from vgen.models.hf.chameleon import BOI, EOI, ROW_END, size_token
+    v = {"<s>": 0, "<pad>": 1, "</s>": 2, BOI: 3, EOI: 4, ROW_END: 5, "<image>": 10}
+    v.update({size_token(n): 5 + n for n in range(1, 5)})
+    letters = {str(i): chr(ord("A") + i) for i in range(10)}
+    names = sorted("IMGIMG" + "".join(letters[c] for c in str(k)) + "Z" for k in range(codes))
+    v.update({n: text + i for i, n in enumerate(names)})
+    return v
+
+
+def chameleon(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, codes=8, text=40, seed=0, std=None,
+              architecture: str | None = None):
+    """A ChameleonForConditionalGeneration with random weights (``architecture``: the name its config records, e.g.
+    Lumina-mGPT's ``ChameleonXLLMXForConditionalGeneration``)."""
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration, ChameleonVQVAEConfig
+    vq = ChameleonVQVAEConfig(embed_dim=4, num_embeddings=codes, latent_channels=4, resolution=16, base_channels=32,
+                              channel_multiplier=[1, 2], num_res_blocks=1, attn_resolutions=[])
+    cfg = ChameleonConfig(vocab_size=text + codes, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                          num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                          bos_token_id=0, pad_token_id=1, eos_token_id=2, vq_config=vq.to_dict(),
+                          vocabulary_map=chameleon_vocabulary(codes, text), initializer_range=std or 0.02,
+                          architectures=[architecture] if architecture else None)
+    torch.manual_seed(seed)
+    return ChameleonForConditionalGeneration(cfg).eval()
