@@ -201,11 +201,10 @@ class TransformersPipeline:
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
         pixels = self.decode(tokens)
-        stats.update(sampler=sampler, options=self.sample_options(sampler, options), num_samples=ids.shape[0], sample_seconds=t1 - t0,
-                     decode_seconds=time.perf_counter() - t1)
+        stats.update(sampler=sampler, options=self.sample_options(sampler, options), num_samples=ids.shape[0],
+                     sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
         return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
                           texts)
-
 
     def sample_options(self, sampler: str, options: dict) -> dict:
         """The options given, the model card's settings filled in where not given (what ``generate`` records)."""
@@ -283,7 +282,7 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
                         "hub id in the local cache: download it first (`huggingface-cli download <id>`)")
     cls = model_class(folder)
     kw = {}
-    if cls.__name__.startswith("Chameleon"):  # before any weights load: its decoder file and its grid
+    if cls.__name__.startswith("Chameleon"):  # before the model's weights: its decoder (a missing file stops here)
         from vgen.models.hf.chameleon import default_layout
         from vgen.tokenizers.vqgan import load_vqgan
         kw["vqgan"] = load_vqgan(vqgan_file(folder), device=device, dtype=dtype)

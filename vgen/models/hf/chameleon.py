@@ -118,9 +118,9 @@ def wrap(m, height: int | None = None, width: int | None = None, layout: str | N
             raise VGenError("negative_prompt_ids is empty")
         if neg.shape[1] < len(opening) or neg[0, -len(opening):].tolist() != list(opening):
             neg = torch.cat([neg, torch.tensor([opening])], 1)
-    bos = m.config.bos_token_id
-    kept = torch.tensor(sorted({int(bos) if bos is not None else -1, boi, _id(vocab, EOI, "end of image")}
-                               | set(ids.tolist())))
+    bos = m.config.bos_token_id  # Chameleon's image-conditioned stream keeps these of a prompt: BOS, image tokens
+    marks = [boi, _id(vocab, EOI, "end of image")] + ([int(bos)] if bos is not None else [])
+    kept = torch.cat([ids, torch.tensor(marks)])
 
     def null_prompt(cond: torch.Tensor) -> torch.Tensor:
         if neg is not None:
