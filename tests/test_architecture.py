@@ -84,6 +84,26 @@ def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, t
         vgen.samplers.get_sampler("greedy-test").validate(tiny_nar)
 
 
+def test_samplers_declare_the_conditions_they_drive(tiny_gpt):
+    """A sampler fits a model by its order and the conditions it reads (Sampler.conditionings): LlamaGen's own loop
+    drives class and caption GPTs, not a transformers model's prompt token ids, and says so in one line; a
+    transformers card states what its model reads (tokens) though it takes prompts."""
+    import dataclasses
+
+    from vgen.interfaces import ModelSpec
+    from vgen.pipeline import load_card
+    from vgen.samplers import check_fits, fitting_samplers
+    spec = ModelSpec.of(tiny_gpt)
+    tokens = dataclasses.replace(spec, conditioning="tokens")
+    assert "llamagen-loop" in fitting_samplers(spec, include_hidden=True)
+    assert "llamagen-loop" not in fitting_samplers(tokens, include_hidden=True)
+    assert set(fitting_samplers(tokens)) == set(fitting_samplers(spec))  # every public token sampler drives both
+    with pytest.raises(VGenError, match="drives models conditioned on class / text and .* reads tokens"):
+        check_fits("llamagen-loop", tokens)
+    emu3 = load_card("photos-emu3")
+    assert emu3.conditioning == "text" and emu3.spec.conditioning == "tokens"
+
+
 def test_models_satisfy_their_order_protocol(tiny_gpt, tiny_nar, tiny_var, tiny_vq, tiny_msvq):
     from vgen.interfaces import ModelSpec, NextNeighbourModel, NextScaleModel, NextTokenModel, Order, Tokenizer
     from vgen.samplers import plain_sampler

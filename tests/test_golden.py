@@ -8,6 +8,7 @@ token bytes and of the PNG bytes ``vgen sample`` writes (concatenated over the 4
 12.3.0 before the refactor. PNG bytes also depend on the encoder (Pillow and zlib), so the raw uint8 pixels are
 pinned too (hashed after the refactor, when the PNG hashes still matched: PNG is lossless, so they are the pixels
 of the recorded files); the PNG comparison runs where Pillow is the recorded version."""
+import contextlib
 import hashlib
 import io
 
@@ -59,20 +60,87 @@ PIXELS = {
         "eab37acf9687bf80d93b0000ead16b4966530139fdd3497faafce418fc6aec3f",
 }
 
-# The tables above were recorded on AVX2 hosts. On a host with AVX-512 (torch reports the CPU capability "AVX512")
-# MKL and oneDNN run other kernels, whose convolutions round differently: the tokens are the same bytes, and the
-# decoded pixels of these cases differ in a few values (recorded 2026-11-25 on an AMD EPYC with AVX-512; on that
-# host ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 gives the AVX2 bytes above, and
-# torch then reports "AVX2").
-# (sha256 of the raw pixels, sha256 of the PNGs)
-ISA_PIXELS = {"AVX512": {
-    ("photos-gpt", None, ()): ("32616f9800c7dec6425a42c0f1347cfef841cfb3a0187d655a1462951ac7c567",
-                               "fa599a8966497f6f06fd008b18c3fa034ece701058ddaca609e612eb8012ed28"),
-    ("photos-nar", None, ()): ("d15bcaa92c092ea7ae042e716c31d9909704f6ee1367f8512bfda9e2d05b0063",
-                               "74f46d56d699a0db0be543531731321e4ebcc21ffbbd336eefe647f0eac11471"),
-    ("photos-var", None, ()): ("172a248414dc34d02edc76f9095fa835aaa06446445fc82479170e5fb10e0ec5",
-                               "f77fc979a6fdc13d70716a21694256c9317726dbf67f3660333837e49ccf7e83"),
-}}
+# The tables above were recorded on AVX2 hosts. float32 results depend on the kernels MKL, oneDNN and torch pick for
+# the CPU, so other kinds of host get tables of their own (:func:`host_class`): the cases whose bytes differ there
+# (the others are the bytes above). (tokens, raw pixels, PNG) sha256 per case.
+#  - AVX512/AuthenticAMD: recorded 2026-11-25 on an AMD EPYC with AVX-512: the same tokens, the decoders' convolutions
+#    round differently (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 gave the AVX2
+#    bytes there).
+#  - AVX512/GenuineIntel: recorded 2026-11-27 on an Intel Xeon with AVX-512 and AMX (edef5e5's code, which passed the
+#    tables above on the AVX2 and AMD hosts): photos-var's tokens differ as well (MKL's float32 products round
+#    otherwise, and one token flips), and pinning the ISA as above does not give the AVX2 bytes there.
+# On a host of another kind the float32 cases skip (record its table with `python docs/scripts/golden_host.py`);
+# the float64 cases below (GOLDEN_F64) hold on every host.
+HOST_BYTES = {
+    "AVX512/AuthenticAMD": {
+        ("photos-gpt", None, ()): ("e08695066fce7b7c7503fc52158182a1446e3eb9785767158ed264fcd83b89c1",
+                                   "32616f9800c7dec6425a42c0f1347cfef841cfb3a0187d655a1462951ac7c567",
+                                   "fa599a8966497f6f06fd008b18c3fa034ece701058ddaca609e612eb8012ed28"),
+        ("photos-nar", None, ()): ("f036a5fd293eeb26e0bfe66d42ec8bef81932636b16b303c6c6896eba874d109",
+                                   "d15bcaa92c092ea7ae042e716c31d9909704f6ee1367f8512bfda9e2d05b0063",
+                                   "74f46d56d699a0db0be543531731321e4ebcc21ffbbd336eefe647f0eac11471"),
+        ("photos-var", None, ()): ("bd7a5f4c32c7baac9f64dee76dde9a34b6adcae3970f4d1c293f6fa6f6d64c5b",
+                                   "172a248414dc34d02edc76f9095fa835aaa06446445fc82479170e5fb10e0ec5",
+                                   "f77fc979a6fdc13d70716a21694256c9317726dbf67f3660333837e49ccf7e83"),
+    },
+    "AVX512/GenuineIntel": {
+        ('photos-gpt', None, ()):
+            ('e08695066fce7b7c7503fc52158182a1446e3eb9785767158ed264fcd83b89c1',
+             '83f452770f72bffd854055978afbb0fd93699d4f19206bd89028b2bd906b7d66',
+             '608b647f1dc769ef56f533b7aa1becb7b3e677737f22f046a41972a612167ed1'),
+        ('photos-nar', None, ()):
+            ('f036a5fd293eeb26e0bfe66d42ec8bef81932636b16b303c6c6896eba874d109',
+             '2120c0d23354bb3e612ddb6e3ecd39aae4cfc924e9f9b89ebfd54207233d04f5',
+             'e4a6d1725469bbe329d593516c8a4528bd405f320dba6689efa02f4705a10626'),
+        ('photos-var', None, ()):
+            ('0273e65698cfb50c9d80c9e847e6a9e7247e61f6b5ad5cd4b518d286eea9b984',
+             'b1d77cd432b24f102269fdc24a9e7b6535378fd81473e37062f77b12e3919e2f',
+             '3421deb1a35bd97ce27c1f33f916ea6c652b7e44df3c8e8e15c1f0749de52bc5'),
+        ('photos-var', 'var', (('kv_compression', 'scalekv'), ('kv_budget', 0.1))):
+            ('ab0409957294655e90eac800a354f1c020a4090289df29eeb17505703a4dba73',
+             'c7ad9ab947b863c413c1a6dd3b1e8e1827febef314b24134a7cb98d2ca9667da',
+             '29b0eda39b0fb35d2e3b3c04008d17755b8b7108cad351ec0be516200861a8ea'),
+    },
+}
+
+
+def host_class() -> str:
+    """The kind of CPU kernels float32 bytes depend on: torch's CPU capability, and for AVX-512 the vendor (MKL and
+    oneDNN run other kernels on Intel's AVX-512 than on AMD's)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap != "AVX512":
+        return cap
+    vendor = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("vendor_id"):
+                vendor = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cap}/{vendor}"
+
+
+HOST = host_class()
+KNOWN_HOSTS = ("AVX2", *HOST_BYTES)
+
+
+def needs_known_host():
+    if HOST not in KNOWN_HOSTS:
+        pytest.skip(f"float32 bytes are recorded for {', '.join(KNOWN_HOSTS)} hosts; this one is {HOST}: record its "
+                    "table with `python docs/scripts/golden_host.py` (the float64 cases run here)")
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Every case runs on one torch thread, as under the test workers (tests/conftest.py): multi-threaded products
+    split their sums by thread, and on some hosts (Intel's AVX-512) that flips a token."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def png_bytes(images: torch.Tensor) -> bytes:
@@ -94,23 +162,27 @@ def pipes():
     return {}
 
 
+def golden_values(case, pipes) -> tuple[str, str, str]:
+    """sha256 of (tokens, raw pixels, PNG bytes) of a GOLDEN case on this host."""
+    model, sampler, options = case
+    if model not in pipes:
+        pipes[model] = vgen.load_pipeline(model)
+    with one_thread():
+        gen = pipes[model].generate(LABELS, sampler=sampler, seed=0, **dict(options))
+    tokens, png = digest(gen)
+    return tokens, hashlib.sha256(gen.images.contiguous().numpy().tobytes()).hexdigest(), png
+
+
 @needs_zoo()
 @pytest.mark.parametrize("case", list(GOLDEN), ids=lambda c: "-".join(str(x) for x in c[:2]) + (
     "-" + ",".join(f"{k}={v}" for k, v in c[2]) if c[2] else ""))
 def test_golden_bytes(case, pipes):
-    model, sampler, options = case
-    if model not in pipes:
-        pipes[model] = vgen.load_pipeline(model)
-    gen = pipes[model].generate(LABELS, sampler=sampler, seed=0, **dict(options))
-    tokens, png = digest(gen)
-    assert tokens == GOLDEN[case][0]
-    want_pixels, want_png = PIXELS[case], GOLDEN[case][1]
-    isa = ISA_PIXELS.get(torch.backends.cpu.get_cpu_capability(), {})
-    if case in isa:
-        want_pixels, want_png = isa[case]
-    assert hashlib.sha256(gen.images.contiguous().numpy().tobytes()).hexdigest() == want_pixels
+    needs_known_host()
+    want = HOST_BYTES.get(HOST, {}).get(case) or (GOLDEN[case][0], PIXELS[case], GOLDEN[case][1])
+    tokens, pixels, png = golden_values(case, pipes)
+    assert (tokens, pixels) == want[:2]
     if PIL.__version__ == PNG_PILLOW:
-        assert png == want_png
+        assert png == want[2]
 
 
 # Every sampler, draft source, acceptance rule and model order, recorded on the tree before the speculative core was
@@ -119,9 +191,9 @@ def test_golden_bytes(case, pipes):
 # and GSD's rules) and trees, video with a prompt (a prefix), NAR, and continuous tokens. Each case: labels (0, 3, 7,
 # 12) (the first n where a case says so), seed 0, eager. (model, sampler, options, call arguments) -> (sha256 of the
 # tokens, sha256 of the step map: the pass that decided each token, so a change of schedule fails too). Token ids are
-# the same on AVX2 and AVX-512 hosts; continuous tokens (float latents) are pinned per CPU kind (CORE_ISA) and for one
-# torch thread (the tests' setting, tests/conftest.py): their float sums round differently with two threads. Recorded
-# with docs/scripts/golden_cases.py.
+# the same on AVX2 and AMD's AVX-512 hosts, three differ on Intel's (CORE_HOST); continuous tokens (float latents) are
+# pinned per kind of host and for one torch thread (the tests' setting, tests/conftest.py): their float sums round
+# differently with two threads. Recorded with docs/scripts/golden_cases.py (docs/scripts/golden_host.py per host).
 W4 = (("window", 4),)
 CORE = {
     ('photos-gpt', 'ar', (('draw', 'gumbel'),), ()):
@@ -194,7 +266,15 @@ CORE = {
         ('f036a5fd293eeb26e0bfe66d42ec8bef81932636b16b303c6c6896eba874d109',
          '31b10b3ef70c5596fbc47a67eb2602d8557547aace0af0d4c8e67737e2597c36'),
 }
-CORE_ISA = {"AVX512": {  # 20 of the head's reverse steps (MAR's 100 by default): the same code, a fifth of the time
+# Per kind of host (host_class): the cases whose bytes differ from CORE there, and the continuous-token cases (float
+# latents, recorded on AVX-512 hosts only; none for AVX2), at 20 of the head's reverse steps (MAR's 100 by default):
+# the same code, a fifth of the time.
+CONTINUOUS = (
+    ('photos-car', None, (('num_sampling_steps', 20),), ()),
+    ('photos-car', 'cspd', (('num_sampling_steps', 20),), (('n', 2),)),
+    ('photos-mar', None, (('num_sampling_steps', 20),), ()),
+)
+CORE_HOST = {"AVX512/AuthenticAMD": {
     ('photos-car', None, (('num_sampling_steps', 20),), ()):
         ('c44cbed9bf1c6adb7b481a6457a5d3d57336e1a0c0b4e96b8aa94136ae74c9c9',
          'ef835eb9c371f618c6958654a7d25a1df1d12c09a53ecf66f9209fb882a8542d'),
@@ -203,6 +283,25 @@ CORE_ISA = {"AVX512": {  # 20 of the head's reverse steps (MAR's 100 by default)
          'e719d1a83387f5ba229cd9a670923a5fe5a7aeb50deb7a63e221ceea3a781ba4'),
     ('photos-mar', None, (('num_sampling_steps', 20),), ()):
         ('5cb23d41b6dbd35f7bdb3a7d84121fbf5eab235472870164a1d6dcbd912e2da6',
+         '12a83a300a2b0e403ab15137bd81d6930a40e013e769805c44d642fdbd23cb80'),
+}, "AVX512/GenuineIntel": {
+    ('photos-gpt', 'sjd', (('window', 4), ('init', 'sample'), ('fresh_q', 'onehot')), ()):
+        ('464b5ecce4d2d892b20127d5bf31071003de7926f885aa311c608f3f074ac7da',
+         '90dd433f107b75070c4c5e41d2141e1ff4855e0fed57d6bce548b968fc5d4886'),
+    ('photos-gpt', 'scd', (('window', 8), ('coupling', 'maximal')), ()):
+        ('48724e03b19d9be715236abba9dfca95b6925e6ddccd0dd99a5970e0c22582ba',
+         'b7492f91317753ac142523e08440ae468d2423c2ccbb4d86116c98c77a9e4e62'),
+    ('photos-gpt', 'eagle', (('window', 4), ('verify', 'token')), ()):
+        ('eaf3fa2bee404a6cbedc5cbb8bb4fd43d7f6e3a36d492e1f31954aa9255c249f',
+         '55747b249cbe7fe6d3dbec2468c13e6c56d9536d9d60333bfb1f8d1888667e74'),
+    ('photos-car', None, (('num_sampling_steps', 20),), ()):
+        ('fd477c77f83e2f72a308bbb46dc6b4ed780dc045a6e2960befa4cb06e15d2133',
+         'ef835eb9c371f618c6958654a7d25a1df1d12c09a53ecf66f9209fb882a8542d'),
+    ('photos-car', 'cspd', (('num_sampling_steps', 20),), (('n', 2),)):
+        ('63f32b1a06eece7bcbee0d6218f4ade847ef226fc70b7a975dc4874c0d04d4ec',
+         'e719d1a83387f5ba229cd9a670923a5fe5a7aeb50deb7a63e221ceea3a781ba4'),
+    ('photos-mar', None, (('num_sampling_steps', 20),), ()):
+        ('73e74f9d324ca5463c2bbc3e709435a633cd3627cb546162dd631b0e18848e4a',
          '12a83a300a2b0e403ab15137bd81d6930a40e013e769805c44d642fdbd23cb80'),
 }}
 
@@ -219,27 +318,64 @@ def _hash(t: torch.Tensor) -> str:
     return hashlib.sha256(t.numpy().tobytes()).hexdigest()
 
 
-@needs_zoo()
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CORE) + list(CORE_ISA["AVX512"]), ids=core_ids)
-def test_core_bytes(case, pipes):
+def core_values(case, pipes, dtype=None) -> tuple[str, str]:
+    """sha256 of (tokens, step map) of a CORE case on this host (``dtype``: the model's, e.g. float64)."""
     model, sampler, options, call = case
-    want = CORE.get(case) or CORE_ISA.get(torch.backends.cpu.get_cpu_capability(), {}).get(case)
-    if want is None:
-        pytest.skip(f"continuous tokens recorded on AVX512 hosts only; this host is "
-                    f"{torch.backends.cpu.get_cpu_capability()}")
-    if model not in pipes:
-        pipes[model] = vgen.load_pipeline(model)
+    key = (model, dtype)
+    if key not in pipes:
+        pipes[key] = vgen.load_pipeline(model, dtype=dtype)
     call = dict(call)
     labels = LABELS[:call.pop("n", len(LABELS))]  # the slowest cases on the first labels only
     if "prompt" in call:  # the first frames of a test clip: frame-conditioned generation continues them
         call["prompt_frames"] = call.pop("prompt")
         call["prompt"] = vgen.data.clips("test", 1).videos[0]
-    threads = torch.get_num_threads()
-    if case not in CORE:  # float latents: recorded with one thread
-        torch.set_num_threads(1)
-    try:
-        gen = pipes[model].generate(labels, sampler=sampler, seed=0, **call, **dict(options))
-    finally:
-        torch.set_num_threads(threads)
-    assert (_hash(gen.tokens), _hash(gen.step_map)) == want
+    with one_thread():
+        gen = pipes[key].generate(labels, sampler=sampler, seed=0, **call, **dict(options))
+    return _hash(gen.tokens), _hash(gen.step_map)
+
+
+@needs_zoo()
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CORE) + list(CONTINUOUS), ids=core_ids)
+def test_core_bytes(case, pipes):
+    needs_known_host()
+    want = CORE_HOST.get(HOST, {}).get(case) or CORE.get(case)
+    if want is None:
+        pytest.skip(f"continuous tokens are recorded on {', '.join(CORE_HOST)} hosts; this one is {HOST}")
+    assert core_values(case, pipes) == want
+
+
+# The model in float64 (its tokenizer as stored): discrete tokens and step maps that hold on every host (the float32
+# tables above move with the CPU's kernels; float64's rounding is ~1e-16, far below any sampling decision here).
+# Checked the same under this Xeon's own kernels and under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+# MKL_ENABLE_INSTRUCTIONS=AVX2 (2026-11-27). The plain and sjd tokens are the float32 AVX2 tables' own.
+GOLDEN_F64 = {
+    ('photos-gpt', None, (), ()):
+        ('e08695066fce7b7c7503fc52158182a1446e3eb9785767158ed264fcd83b89c1',
+         'ef835eb9c371f618c6958654a7d25a1df1d12c09a53ecf66f9209fb882a8542d'),
+    ('photos-gpt', 'sjd', (('window', 4), ('init', 'sample'), ('fresh_q', 'onehot')), ()):
+        ('855511030915065e6916bb40395bded050ba9d49e50b50a37b14a6f8cba0a160',
+         '74775af84aa543f744579b9ece7144a451dc115ff2a32ebe680f2ed5665f2d22'),
+    ('photos-gpt', 'scd', (('window', 8), ('coupling', 'maximal')), ()):
+        ('48724e03b19d9be715236abba9dfca95b6925e6ddccd0dd99a5970e0c22582ba',
+         'b7492f91317753ac142523e08440ae468d2423c2ccbb4d86116c98c77a9e4e62'),
+    ('photos-gpt', 'eagle', (('window', 4), ('verify', 'token')), ()):
+        ('eaf3fa2bee404a6cbedc5cbb8bb4fd43d7f6e3a36d492e1f31954aa9255c249f',
+         '55747b249cbe7fe6d3dbec2468c13e6c56d9536d9d60333bfb1f8d1888667e74'),
+    ('photos-gpt', 'zipar', (('window', 4),), ()):
+        ('10ed57ec5f82def7ae62b5cc554c44da2e9b5dc164c374f411053bc04e49c6ed',
+         '9131c9c56b4b92d72d128d335cbeb23983387b81bc911e1ff44a3725e3a229b3'),
+    ('photos-var', None, (), ()):
+        ('bd7a5f4c32c7baac9f64dee76dde9a34b6adcae3970f4d1c293f6fa6f6d64c5b',
+         'ea4263607c1a1187064b15fa92618eeca2d5343a92018773fc8166e7763e5484'),
+    ('photos-nar', None, (), ()):
+        ('f036a5fd293eeb26e0bfe66d42ec8bef81932636b16b303c6c6896eba874d109',
+         '31b10b3ef70c5596fbc47a67eb2602d8557547aace0af0d4c8e67737e2597c36'),
+}
+
+
+@needs_zoo()
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(GOLDEN_F64), ids=core_ids)
+def test_float64_bytes_on_any_host(case, pipes):
+    assert core_values(case, pipes, torch.float64) == GOLDEN_F64[case]

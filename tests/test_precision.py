@@ -174,3 +174,21 @@ def test_an_in_process_command_keeps_the_callers_threads(tiny_pipeline, tmp_path
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_bfloat16_pipeline_drives_eagle_with_its_draft_head(tiny_pipeline, tiny_gpt):
+    """The draft head a pipeline loads follows the target's dtype (its products read the target's bfloat16
+    embeddings and output weight): eagle runs on a bfloat16 pipeline (it failed with a dtype mismatch before)."""
+    import vgen
+    from test_eagle import make_drafter
+
+    from vgen.models.drafter import save_drafter
+    path = str(tiny_pipeline / "drafter.safetensors")
+    save_drafter(make_drafter(tiny_gpt, seed=1), path)
+    for dtype in (torch.bfloat16, torch.float32):
+        pipe = vgen.load_pipeline(str(tiny_pipeline), dtype=dtype)
+        g = pipe.generate([0, 1, 2], seed=0, sampler="eagle", window=4, drafter=path)
+        assert g.tokens.shape == (3, tiny_gpt.seq_len) and g.stats["accepted_per_step"] >= 1.0
+        from vgen.samplers import get_sampler
+        head = pipe.draft_for(get_sampler("eagle", model=pipe.model, drafter=path))
+        assert next(head.parameters()).dtype == dtype

@@ -317,21 +317,50 @@ def test_adaptive_window_is_batch_invariant(tiny_gpt):
     assert 1 < st["mean_window"] < 4
 
 
-def test_timed_choice_needs_a_paired_win_in_most_rounds_and_no_loss(monkeypatch):
-    """The timed rule compares each round's width with AR's run of the same round: the best median ratio wins if it
-    clears the margin and no round fell below AR's loop; a width that won two rounds by a lot and lost one does not
-    run, nor one that beat AR's best round only because AR had a slow round."""
+def test_timed_choice_needs_a_paired_win_beyond_the_noise(monkeypatch):
+    """The timed rule compares each round's width with AR's run of the same round: a width qualifies when its mean
+    log ratio clears the margin and its lower 95% bound clears AR's loop; the qualified width with the best mean
+    wins. While the leading width neither qualifies nor is ruled out, the choice is open (None, more rounds); with
+    the rounds spent, a width that won two rounds by a lot and lost one does not run."""
     from vgen.samplers.spec import widths as speculative
     choose = speculative.timed_choice
-    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [140, 112, 150]}) == 4  # median 1.40 vs 1.25
-    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [160, 95, 150]}) == 2  # 4 lost a round: 2's median wins
-    assert choose({1: [100, 100, 100], 2: [125, 98, 130]}) == 1  # won twice by 25-30%, lost once: AR's loop
-    assert choose({1: [100, 100, 100], 2: [108, 109, 150]}) == 1  # median 1.09 < the margin
-    # unpaired best-of-rounds would choose 2 here (best 115 >= 1.1 x AR's best 104), paired ratios 0.85-1.02 do not
+    ar3 = [100, 100, 100]
+    assert choose({1: ar3, 2: [125, 120, 130], 4: [140, 112, 150]}) == 4  # both qualify: mean 1.33 vs 1.25
+    # 4 leads on its mean but one round was a loss: open while rounds are left; 2 (a steady 1.25) once they are spent
+    assert choose({1: ar3, 2: [125, 120, 130], 4: [160, 95, 150]}, final=False) is None
+    assert choose({1: ar3, 2: [125, 120, 130], 4: [160, 95, 150]}) == 2
+    # more rounds that agree settle it for 4
+    assert choose({1: [100] * 7, 2: [125, 120, 130] + [125] * 4, 4: [160, 95, 150, 150, 155, 148, 152]},
+                  final=False) == 4
+    assert choose({1: ar3, 2: [125, 98, 130]}, final=False) is None  # won twice by 25-30%, lost once: open
+    assert choose({1: ar3, 2: [125, 98, 130]}) == 1  # and AR's loop when no rounds are left
+    assert choose({1: ar3, 2: [108, 109, 150]}) == 1  # one lucky round is not a win
+    assert choose({1: ar3, 2: [90, 92, 91]}, final=False) == 1  # ruled out: AR's loop without more rounds
+    assert choose({1: ar3, 2: [104, 103, 104]}) == 1  # a steady 1.04 < the margin
+    # unpaired best-of-rounds would choose 2 here (best 115 >= 1.1 x AR's best 104), paired ratios 0.85-1.15 do not
     assert choose({1: [104, 80, 100], 2: [88, 82, 115]}) == 1
-    assert choose({1: [100, 100, 100]}) == 1
+    assert choose({1: ar3}) == 1
     monkeypatch.setattr(speculative, "TIMED_MARGIN", 1.5)
-    assert choose({1: [100, 100, 100], 2: [125, 120, 130], 4: [140, 112, 150]}) == 1
+    assert choose({1: ar3, 2: [125, 120, 130], 4: [140, 112, 150]}) == 1
+
+
+def test_timed_rule_picks_better_widths_under_simulated_noise():
+    """docs/scripts/timed_rule_simulation.py: under this CPU's kind of noise (runs moving by ~6%, slow spells of
+    15-45% in one run of seven), the sequential rule keeps widths that lose to AR's loop out about as often as the
+    fixed three-round rule did and runs faster widths where speculation barely pays."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "timed_rule_simulation", Path(__file__).parents[1] / "docs" / "scripts" / "timed_rule_simulation.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    res = {rule: {name: sim.trial(true, rule, 600) for name, true in sim.CASES.items()} for rule in ("old", "new")}
+    for name, true in sim.CASES.items():
+        assert res["new"][name]["slower_than_ar"] <= 0.02
+        if min(true.values()) > 1.0:
+            assert res["new"][name]["mean_ratio"] >= res["old"][name]["mean_ratio"] - 0.005  # never worse
+    eagle = next(n for n in sim.CASES if n.startswith("eagle"))
+    assert res["new"][eagle]["mean_ratio"] > res["old"][eagle]["mean_ratio"] + 0.01
 
 
 def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
@@ -344,7 +373,8 @@ def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_
     table = json.loads((tmp_path / "spec_speed.json").read_text())
     (speed,) = table.values()
     assert sorted(map(int, speed)) == [1, 2, 4]
-    assert all(len(v) == speculative.TIMED_ROUNDS and min(v) > 0 for v in speed.values())
+    assert all(speculative.TIMED_ROUNDS <= len(v) <= len(speed["1"]) <= speculative.TIMED_MAX_ROUNDS and min(v) > 0
+               for v in speed.values())
     fastest = speculative.timed_choice({int(w): v for w, v in speed.items()})
     if fastest > 1:
         want, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=fastest, **kw)

@@ -229,6 +229,12 @@ class Card:
                    sources=r.mapping("sources"), data=data)
 
     @property
+    def model_conditioning(self) -> str:
+        """What the model itself reads (:attr:`ModelSpec.conditioning`): prompt token ids (``tokens``) for a
+        transformers model, whose processor turns the prompts into them; else ``conditioning``."""
+        return "tokens" if self.model_kind == "transformers" else self.conditioning
+
+    @property
     def spec(self) -> ModelSpec:
         """What samplers check their options against (:meth:`ModelSpec.from_card`)."""
         return ModelSpec.from_card(self)

@@ -95,7 +95,7 @@ def condition(spec, labels_=None, prompts_=None, *, default_all_classes: bool = 
     kind = getattr(spec, "conditioning", "class")
     if labels_ is not None and prompts_ is not None:
         raise VGenError("give labels or prompts, not both")
-    if kind == "text":
+    if kind in ("text", "tokens"):  # caption features or prompt token ids: either way the user gives prompts
         if labels_ is not None:
             raise VGenError(f"{spec.name} is a text-to-image model: give prompts=[...] (or prompt_file=) instead of "
                             "class labels")

@@ -294,4 +294,4 @@ class ModelSpec:
     def from_card(cls, card) -> ModelSpec:
         """The spec a pipeline card (:class:`vgen.cards.Card`) states, before any weights load."""
         return cls(card.order, card.num_classes, card.token_type, f"this model ({card.name})", card.token_shape,
-                   card.conditioning)
+                   card.model_conditioning)

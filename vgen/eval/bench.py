@@ -89,8 +89,6 @@ class Plan:
 
     def fits(self, model: str, setting: str) -> bool:
         from vgen.samplers import fitting_samplers
-        if setting == BASELINE and self.cards[model].model_kind == "transformers":
-            return False  # LlamaGen's loop re-enacts vgen GPTs; transformers' own loop: +experiment=transformers
         return self.settings[setting][0] in fitting_samplers(self.cards[model], include_hidden=True)
 
     def sampler_options(self, setting: str, model: str | None = None) -> tuple[str, dict]:

@@ -303,11 +303,13 @@ def load_drafter(path, device="cpu") -> Drafter:
 
 
 def head_for(heads: dict, path, model, device="cpu") -> Drafter:
-    """The draft head at ``path``, loaded once into ``heads`` (a pipeline's cache, keyed by path) and checked
-    against ``model``, the target it drafts for."""
-    key = str(path)
+    """The draft head at ``path``, loaded once into ``heads`` (a pipeline's cache, keyed by path), checked against
+    ``model``, the target it drafts for, and cast to the target's floating dtype (a bfloat16 target gets a bfloat16
+    head: its products read the target's embeddings and output weight; logits still come out float32)."""
+    dtype = next(model.parameters()).dtype
+    key = f"{path}|{dtype}"
     if key not in heads:
         head = load_drafter(path, device=device)
         head.check_target(model, f"draft head {path}")
-        heads[key] = head
+        heads[key] = head.to(dtype) if dtype.is_floating_point else head
     return heads[key]

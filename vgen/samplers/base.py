@@ -186,7 +186,9 @@ class Sampler:
     """Base class: subclasses set ``name``, ``Options`` and ``order`` and implement ``_sample`` (or ``_run`` for
     their own batching). ``plain``: the order's plain sampler (the default and the baseline); ``hidden``: kept
     out of ``list_samplers()`` (reference implementations used by benchmarks); ``prefix``: whether it can continue
-    given tokens (``prefix=`` in the call: e.g. the first frames of a clip, for frame-conditioned video)."""
+    given tokens (``prefix=`` in the call: e.g. the first frames of a clip, for frame-conditioned video);
+    ``conditionings``: the conditions of the models it drives (:attr:`ModelSpec.conditioning`: class ids, caption
+    features, prompt token ids); :meth:`fits` says whether it drives a model."""
 
     name: str = ""
     Options: type[Options] = SamplingOptions
@@ -197,6 +199,12 @@ class Sampler:
     needs_draft: bool = False
     draft_kind: str = "model"  # what a needs_draft sampler drafts with: "model" (a pipeline) or "head" (a draft head)
     prefix: bool = False
+    conditionings: tuple[str, ...] = ("class", "text", "tokens")
+
+    @classmethod
+    def fits(cls, spec: ModelSpec) -> bool:
+        """Does this sampler drive models like ``spec``: its generation order and its kind of condition?"""
+        return spec.order == cls.order and spec.conditioning in cls.conditionings
 
     def __init__(self, **options):
         unknown = sorted(set(options) - self.Options.names())
@@ -344,19 +352,24 @@ def sampler_class(name: str, model=None) -> type[Sampler]:
 
 
 def fitting_samplers(model_or_card, include_hidden: bool = False) -> list[str]:
-    """Names of the registered samplers that drive this model's order."""
-    order = ModelSpec.of(model_or_card).order
+    """Names of the registered samplers that drive this model (:meth:`Sampler.fits`: its order and conditions)."""
+    spec = ModelSpec.of(model_or_card)
     return [n for n in list_samplers(include_hidden)
-            if any(c.order == order and (include_hidden or not c.hidden) for c in sampler_classes(n))]
+            if any(c.fits(spec) and (include_hidden or not c.hidden) for c in sampler_classes(n))]
 
 
 def check_fits(sampler: str, model_or_card) -> None:
     """A one-line error when ``sampler`` cannot drive this model (before any weights load, given a card)."""
     spec = ModelSpec.of(model_or_card)
-    orders = [c.order for c in sampler_classes(sampler)]
+    classes = sampler_classes(sampler)
+    orders = [c.order for c in classes]
     if spec.order not in orders:
         raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
                         f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
+    if not any(c.fits(spec) for c in classes):
+        kinds = sorted({k for c in classes if c.order == spec.order for k in c.conditionings})
+        raise VGenError(f"sampler {sampler!r} drives models conditioned on {' / '.join(kinds)} and {spec.name} reads "
+                        f"{spec.conditioning}: use one of {', '.join(fitting_samplers(spec))}")
 
 
 def plain_sampler(model_or_card) -> str:

@@ -125,6 +125,7 @@ class LlamaGenLoop(Sampler):
     name = "llamagen-loop"
     Options = LoopOptions
     hidden = True
+    conditionings = ("class", "text")  # LlamaGen's class / caption GPTs; prompt-token models have their own loops
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
         o = self.options

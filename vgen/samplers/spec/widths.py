@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import statistics
 import time
 
@@ -153,13 +154,20 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
 
 
 # window=auto (the timed rule) leaves AR's loop only for a width that beats it in paired timings: each round times
-# AR's loop and every width back to back, so a slow spell of the machine hits both sides of a ratio. The width with
-# the best median ratio runs if that median is at least ``TIMED_MARGIN`` and no round had it below ``TIMED_FLOOR``:
-# whole runs move more between runs than widths differ from AR's loop where speculation barely pays, so a single
-# timing per side can pick a width that then runs slower (docs/lab/benchmarks-log.md, "Timed widths")
-TIMED_MARGIN = 1.1
+# AR's loop and every width back to back, so a slow spell of the machine hits both sides of a ratio. A width
+# qualifies when the mean of its log ratios to AR's loop is at least log(TIMED_MARGIN) and its one-sided 95% lower
+# confidence bound (Student's t over the rounds, a spread of at least TIMED_MIN_SPREAD) is at least log(TIMED_FLOOR):
+# the qualified width with the best mean runs, else AR's loop. Every width gets TIMED_ROUNDS rounds; while the
+# leading width neither qualifies nor is ruled out (its upper bound below the margin), AR's loop and the two leading
+# widths get more rounds, up to TIMED_MAX_ROUNDS. Whole runs move more between runs than widths differ from AR's loop
+# where speculation barely pays, so a fixed number of rounds either picks a width that then runs slower or drops the
+# best width for one slow round (docs/lab/benchmarks-log.md, "Timed widths" and "window=auto under noise")
+TIMED_MARGIN = 1.05
 TIMED_FLOOR = 1.0
 TIMED_ROUNDS = 3
+TIMED_MAX_ROUNDS = 7
+TIMED_MIN_SPREAD = 0.03  # the least standard deviation of a log ratio believed (three rounds can agree by chance)
+_T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860}  # one-sided 95% t quantiles
 TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
 # A job times the widths only when it has TIMED_JOB_RATIO times the samples the timing draws (or the timing is cached):
 # a smaller one would spend more on timing than any width can save it (96 samples' worth at batch 1, two minutes on
@@ -184,21 +192,38 @@ def time_any_job():
 
 
 def timing_samples(widths: list[int], batch: int) -> int:
-    """The samples the timed rule draws for AR's loop and ``widths`` at ``batch``: its cost, in samples."""
+    """The samples the timed rule draws for AR's loop and ``widths`` at ``batch`` in its first rounds (more rounds,
+    where the first leave the choice open, add 3 x ``max(TIMED_SAMPLES, batch)`` each): its cost, in samples."""
     return TIMED_ROUNDS * (1 + len(widths)) * max(TIMED_SAMPLES, batch)
 
 
-def timed_choice(speeds: dict[int, list[float]]) -> int:
+def ratio_bounds(ar: list[float], speeds: list[float]) -> tuple[float, float, float]:
+    """Mean, lower and upper one-sided 95% bound of log(speed / AR's speed) over the paired rounds (round r of a
+    width against round r of AR's loop)."""
+    logs = [math.log(s / a) for s, a in zip(speeds, ar)]
+    n = len(logs)
+    mean = statistics.fmean(logs)
+    spread = max(statistics.stdev(logs) if n > 1 else 0.0, TIMED_MIN_SPREAD)
+    half = _T95[min(max(n - 1, 1), max(_T95))] * spread / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def timed_choice(speeds: dict[int, list[float]], final: bool = True) -> int | None:
     """The timed rule's decision from tokens per second per round (``speeds[1]``: AR's loop; round r of every width
-    was timed next to round r of AR's): among the widths whose ratio to AR's loop never fell below
-    ``TIMED_FLOOR``, the one with the highest median ratio, if that median is >= ``TIMED_MARGIN``; else 1."""
+    was timed next to round r of AR's). A width qualifies when its mean log ratio to AR's loop is at least
+    log(``TIMED_MARGIN``) and its lower 95% bound at least log(``TIMED_FLOOR``) (:func:`ratio_bounds`); the
+    qualified width with the best mean wins, else 1 (AR's loop). ``final=False``: None while the rounds leave it
+    open -- the leading width (best mean) does not qualify, yet its upper bound reaches the margin."""
     ar = speeds[1]
-    ratios = {w: [s / a for s, a in zip(v, ar)] for w, v in speeds.items() if w != 1}
-    ratios = {w: r for w, r in ratios.items() if min(r) >= TIMED_FLOOR}
-    if not ratios:
+    bounds = {w: ratio_bounds(ar, v) for w, v in speeds.items() if w != 1}
+    if not bounds:
         return 1
-    w = max(sorted(ratios), key=lambda w: statistics.median(ratios[w]))
-    return w if statistics.median(ratios[w]) >= TIMED_MARGIN else 1
+    margin, floor = math.log(TIMED_MARGIN), math.log(TIMED_FLOOR)
+    qualified = [w for w, (m, lo, _) in sorted(bounds.items()) if m >= margin and lo >= floor]
+    lead = max(sorted(bounds), key=lambda w: bounds[w][0])
+    if not final and lead not in qualified and bounds[lead][2] >= margin:
+        return None
+    return max(qualified, key=lambda w: bounds[w][0]) if qualified else 1
 
 
 def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = (), job: int | None = None,
@@ -206,8 +231,9 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
     """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler.plain_ar``) and
     ``run(w, cond, seeds)`` (the sampler at fixed width w, ``batch`` samples per pass) for each of ``widths`` are
     timed whole -- target passes, verification, drafting and the loop's host work -- on ``max(TIMED_SAMPLES,
-    batch)`` samples of fixed classes and seeds, in ``TIMED_ROUNDS`` interleaved rounds (compiled runs get one
-    untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
+    batch)`` samples of fixed classes and seeds, in ``TIMED_ROUNDS`` interleaved rounds, and AR's loop and the two
+    leading widths in up to ``TIMED_MAX_ROUNDS`` while :func:`timed_choice` leaves the choice open (compiled runs
+    get one untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
     ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
     threads, torch version, settings and batch; :func:`timed_choice` decides. ``job``: the job's samples; a job too
     small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing). ``progress``: a bar that says
@@ -220,7 +246,8 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
     w0 = next(model.parameters())
     path, table, name, known = width_table("spec_speed.json", [
         sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
-        torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS, fingerprint(model)])
+        torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS, TIMED_MAX_ROUNDS,
+        fingerprint(model)])
     if not all(w in known for w in [1] + widths):
         if job is not None and not _TIME_ANY_JOB.get() and job < TIMED_JOB_RATIO * timing_samples(widths, batch):
             return None
@@ -238,12 +265,23 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
             bar = tqdm(total=TIMED_ROUNDS * len(runs), disable=not progress, leave=False, unit="run",
                        desc=f"{sampler.name} window=auto: timing AR and widths {'/'.join(map(str, widths))} on {k} "
                             "samples (once per model, settings and machine; cached)")
-            for _ in range(TIMED_ROUNDS):
-                for w, go in runs:
+
+            def one_round(timed):
+                for w, go in timed:
                     t0 = time.perf_counter()
                     go(cond, seeds)
                     speeds[w].append(k * model.seq_len / (time.perf_counter() - t0))
                     bar.update()
+            for _ in range(TIMED_ROUNDS):
+                one_round(runs)
+            # while the choice is open, AR's loop and the two widths with the best mean ratio get more rounds
+            lead = sorted(widths, key=lambda w: -ratio_bounds(speeds[1], speeds[w])[0])[:2]
+            more = [r for r in runs if r[0] == 1 or r[0] in lead]
+            for _ in range(TIMED_ROUNDS, TIMED_MAX_ROUNDS):
+                if timed_choice(speeds, final=False) is not None:
+                    break
+                bar.total += len(more)
+                one_round(more)
             bar.close()
         known.update(speeds)
         table[name] = {str(w): v for w, v in sorted(known.items())}
