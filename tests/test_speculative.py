@@ -344,6 +344,32 @@ def test_timed_choice_needs_a_paired_win_beyond_the_noise(monkeypatch):
     assert choose({1: ar3, 2: [125, 120, 130], 4: [140, 112, 150]}) == 1
 
 
+def test_timed_rounds_add_rounds_for_ar_and_two_leaders_only_while_open():
+    """The schedule: three rounds of everything; a decided choice stops there; an open one times AR's loop and the
+    two widths with the best mean ratio again, round by round, until it is decided or TIMED_MAX_ROUNDS."""
+    from vgen.samplers.spec import widths as W
+    calls = []
+
+    def timer(table):
+        def time_one(w):
+            calls.append(w)
+            return table[w][sum(c == w for c in calls) - 1]
+        return time_one
+    clear = {1: [100] * 9, 2: [125] * 9, 4: [140] * 9, 8: [90] * 9}
+    speeds = W.timed_rounds([2, 4, 8], timer(clear))
+    assert calls == [1, 2, 4, 8] * 3 and W.timed_choice(speeds) == 4
+    calls.clear()  # 4 leads on a lost round, 2 is second: both get rounds (with AR's) until 4 qualifies
+    open_ = {1: [100] * 9, 2: [120, 121, 119] + [120] * 6, 4: [160, 95, 150] + [150] * 6, 8: [90] * 9}
+    speeds = W.timed_rounds([2, 4, 8], timer(open_))
+    extra = calls[12:]
+    assert extra and set(extra) == {1, 2, 4} and len(extra) % 3 == 0 and len(speeds[8]) == 3
+    assert len(speeds[1]) <= W.TIMED_MAX_ROUNDS and W.timed_choice(speeds, final=False) == 4
+    calls.clear()  # never settles: stops at TIMED_MAX_ROUNDS
+    noisy = {1: [100] * 9, 2: [130, 80, 125, 82, 128, 79, 131, 81, 127]}
+    speeds = W.timed_rounds([2], timer(noisy))
+    assert len(speeds[1]) == len(speeds[2]) == W.TIMED_MAX_ROUNDS
+
+
 def test_timed_rule_picks_better_widths_under_simulated_noise():
     """docs/scripts/timed_rule_simulation.py: under this CPU's kind of noise (runs moving by ~6%, slow spells of
     15-45% in one run of seven), the sequential rule keeps widths that lose to AR's loop out about as often as the

@@ -41,23 +41,18 @@ def simulate(true, rule, rng, sigma=0.06, p_spell=0.15):
     def speed(w):
         spell = rng.uniform(1.15, 1.45) if rng.random() < p_spell else 1.0
         return true.get(w, 1.0) / (math.exp(rng.normal(0, sigma)) * spell)
-    widths = sorted(true)
-    speeds = {w: [] for w in [1] + widths}
-    runs = 0
-    for _ in range(W.TIMED_ROUNDS):
+    runs = []
+
+    def time_one(w):
+        runs.append(w)
+        return speed(w)
+    if rule == "new":  # vgen's own schedule and decision
+        return W.timed_choice(W.timed_rounds(sorted(true), time_one)), len(runs)
+    speeds = {w: [] for w in [1] + sorted(true)}
+    for _ in range(3):  # three rounds, AR's loop and every width in turn
         for w in speeds:
-            speeds[w].append(speed(w))
-            runs += 1
-    if rule == "new":
-        lead = sorted(widths, key=lambda w: -W.ratio_bounds(speeds[1], speeds[w])[0])[:2]
-        for _ in range(W.TIMED_ROUNDS, W.TIMED_MAX_ROUNDS):
-            if W.timed_choice(speeds, final=False) is not None:
-                break
-            for w in [1] + lead:
-                speeds[w].append(speed(w))
-                runs += 1
-        return W.timed_choice(speeds), runs
-    return old_rule(speeds), runs
+            speeds[w].append(time_one(w))
+    return old_rule(speeds), len(runs)
 
 
 def trial(true, rule, trials, seed=0):

@@ -192,8 +192,8 @@ def time_any_job():
 
 
 def timing_samples(widths: list[int], batch: int) -> int:
-    """The samples the timed rule draws for AR's loop and ``widths`` at ``batch`` in its first rounds (more rounds,
-    where the first leave the choice open, add 3 x ``max(TIMED_SAMPLES, batch)`` each): its cost, in samples."""
+    """The samples the timed rule draws for AR's loop and ``widths`` at ``batch`` in its first rounds (each extra
+    round, where the first leave the choice open, times AR's loop and two widths): its cost, in samples."""
     return TIMED_ROUNDS * (1 + len(widths)) * max(TIMED_SAMPLES, batch)
 
 
@@ -226,6 +226,26 @@ def timed_choice(speeds: dict[int, list[float]], final: bool = True) -> int | No
     return max(qualified, key=lambda w: bounds[w][0]) if qualified else 1
 
 
+def timed_rounds(widths: list[int], time_one, more=None) -> dict[int, list[float]]:
+    """The timed rule's schedule: ``TIMED_ROUNDS`` rounds of AR's loop (width 1) and every width in turn
+    (``time_one(w)`` -> tokens per second), then, while :func:`timed_choice` leaves the choice open, rounds of AR's
+    loop and the two widths with the best mean ratio, up to ``TIMED_MAX_ROUNDS``. ``more(n)``: told before each
+    extra round of n runs. Returns the speeds per width, round by round."""
+    speeds = {w: [] for w in [1] + list(widths)}
+    for _ in range(TIMED_ROUNDS):
+        for w in speeds:
+            speeds[w].append(time_one(w))
+    lead = sorted(widths, key=lambda w: -ratio_bounds(speeds[1], speeds[w])[0])[:2]
+    for _ in range(TIMED_ROUNDS, TIMED_MAX_ROUNDS):
+        if timed_choice(speeds, final=False) is not None:
+            break
+        if more is not None:
+            more(1 + len(lead))
+        for w in [1] + lead:
+            speeds[w].append(time_one(w))
+    return speeds
+
+
 def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = (), job: int | None = None,
                 progress: bool = False) -> int | None:
     """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler.plain_ar``) and
@@ -254,34 +274,28 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
         k = max(TIMED_SAMPLES, batch)
         cond = example_cond(model, k, w0.device)
         seeds = [2 ** 62 + i for i in range(k)]
-        runs = [(1, lambda c, s: sampler.plain_ar(model, c, s, False, batch))]
-        runs += [(w, lambda c, s, w=w: run(w, c, s)) for w in widths]
-        speeds = {w: [] for w, _ in runs}
+        runs = {1: lambda c, s: sampler.plain_ar(model, c, s, False, batch)}
+        runs.update({w: lambda c, s, w=w: run(w, c, s) for w in widths})
         with torch.inference_mode():
             if o.compile:
-                for _, go in runs:
+                for go in runs.values():
                     go(cond[:batch], seeds[:batch])
             from tqdm.auto import tqdm
             bar = tqdm(total=TIMED_ROUNDS * len(runs), disable=not progress, leave=False, unit="run",
                        desc=f"{sampler.name} window=auto: timing AR and widths {'/'.join(map(str, widths))} on {k} "
                             "samples (once per model, settings and machine; cached)")
 
-            def one_round(timed):
-                for w, go in timed:
-                    t0 = time.perf_counter()
-                    go(cond, seeds)
-                    speeds[w].append(k * model.seq_len / (time.perf_counter() - t0))
-                    bar.update()
-            for _ in range(TIMED_ROUNDS):
-                one_round(runs)
-            # while the choice is open, AR's loop and the two widths with the best mean ratio get more rounds
-            lead = sorted(widths, key=lambda w: -ratio_bounds(speeds[1], speeds[w])[0])[:2]
-            more = [r for r in runs if r[0] == 1 or r[0] in lead]
-            for _ in range(TIMED_ROUNDS, TIMED_MAX_ROUNDS):
-                if timed_choice(speeds, final=False) is not None:
-                    break
-                bar.total += len(more)
-                one_round(more)
+            def time_one(w):
+                t0 = time.perf_counter()
+                runs[w](cond, seeds)
+                speed = k * model.seq_len / (time.perf_counter() - t0)
+                bar.update()
+                return speed
+
+            def more_rounds(n):
+                bar.total += n
+
+            speeds = timed_rounds(widths, time_one, more_rounds)
             bar.close()
         known.update(speeds)
         table[name] = {str(w): v for w, v in sorted(known.items())}
