@@ -219,3 +219,34 @@ def test_reading_the_counts_one_pass_late_gives_the_same_bytes(tiny_gpt, monkeyp
         assert st_s["nll"] == st_l["nll"] and torch.equal(st_s["step_map"], st_l["step_map"])
         assert st_s["accepted_per_step"] == st_l["accepted_per_step"]
         assert st_s["forward_passes"] < st_l["forward_passes"] <= st_s["forward_passes"] + 7
+
+
+def test_the_cuda_cumsum_is_atens_and_compiles_in_one_graph():
+    """The draws' cumulative sums on CUDA go through one opaque op (`vgen::cumsum_last`) that calls ATen's scan,
+    so inductor never generates its own split scan over the vocabulary (it failed to build at LlamaGen's 16384
+    tokens and batch 8 on an H200). Here on the CPU: the op gives ATen's bytes, eager and compiled with
+    fullgraph=True, for contiguous and strided inputs; the CPU's draws keep the plain op."""
+    from vgen.kernels.sampling import cumsum
+    x = torch.rand(8, 16384, generator=torch.Generator().manual_seed(0))
+    for t in (x, x[:, ::2], x.T.contiguous().T):
+        assert torch.equal(torch.ops.vgen.cumsum_last(t), t.cumsum(-1))
+        f = torch.compile(lambda v: torch.ops.vgen.cumsum_last(v * 2) + 1, fullgraph=True, backend="aot_eager")
+        assert torch.equal(f(t), (t * 2).cumsum(-1) + 1)
+    assert torch.equal(cumsum(x), x.cumsum(-1))
+
+
+@pytest.mark.cuda
+def test_a_compiled_step_builds_at_llamagens_vocabulary_and_batch_8():
+    """A GPT with LlamaGen's 16384-token vocabulary, compiled as CUDA graphs at batch 8 with CFG and full sampling
+    (top-k 0): the step builds (inductor's split scan over the vocabulary did not), runs with no skipped graph, and
+    its first draws equal eager's (later ones may follow a draw that rounding flipped)."""
+    from vgen.models import build
+    torch.manual_seed(0)
+    m = build("gpt", dim=64, n_layer=2, n_head=4, vocab_size=16384, num_classes=10, block_size=64).cuda().eval()
+    torch.nn.init.normal_(m.output.weight, std=0.5)
+    labels = list(range(8))
+    eager, _ = sample(m, labels, "ar", seed=0, cfg_scale=4.0, compile=False)
+    before = _skips()
+    graphed, _ = sample(m, labels, "ar", seed=0, cfg_scale=4.0, compile=True)
+    assert _skips() == before and int(graphed.max()) < 16384
+    assert torch.equal(graphed[:, 0], eager[:, 0])

@@ -157,6 +157,23 @@ def test_gpu_experiment_runs_small_on_a_cpu(tmp_path):
     assert rep["rows"] and rep["rows"][0]["sampler"] == "ar"  # the zoo's samplers in the same run
 
 
+def test_the_shapes_bench_hands_over_each_cell_as_it_ends(monkeypatch):
+    """A shapes run reports its result after each batch size's AR cell (vgen bench writes bench.json then), so a
+    run stopped at its time limit keeps what it measured: the first report holds batch 1 alone."""
+    from omegaconf import OmegaConf
+
+    from vgen.eval import shapes
+    monkeypatch.setattr(shapes, "ar_speed", lambda model, batch, compile, repeats: {"batch": batch})
+    cfg = OmegaConf.create(dict(device="cpu", shapes=[], cpu_shapes=["cpu-S"], shape_dtypes=["float32"],
+                                pass_widths=[1, 2], repeats=1, shape_batches=[1, 4], batch_sizes=[1],
+                                compile=False))
+    seen = []
+    result = shapes.run(cfg, done=lambda so_far: seen.append(json.loads(json.dumps(so_far))))
+    ar = [r["shapes"]["cpu-S"]["float32"]["ar"] for r in seen]
+    assert ar == [{"1": {"batch": 1}}, {"1": {"batch": 1}, "4": {"batch": 4}}]
+    assert seen[-1] == json.loads(json.dumps(result)) and seen[0]["shapes"]["cpu-S"]["float32"]["pass_cost"]["1"] == 1
+
+
 def test_gpu_experiment_refuses_unknown_shapes(capsys, tmp_path):
     code, err = cli_refusal(["bench", "+experiment=gpu", "cpu_shapes=[huge]", f"outdir={tmp_path / 'o'}"], capsys)
     assert code == 2 and "unknown shapes" in err and not (tmp_path / "o").exists()

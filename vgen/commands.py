@@ -77,7 +77,8 @@ def bench(cfg: DictConfig):
     rep = report(p, *run(p))
     if measure_shapes:
         from vgen.io import atomic_write_bytes, atomic_write_json
-        rep["shapes"] = shapes.run(cfg)
+        rep["shapes"] = shapes.run(cfg, done=lambda so_far: atomic_write_json(out / "bench.json",
+                                                                              {**rep, "shapes": so_far}))
         table = shapes.markdown(rep["shapes"])
         print(table)
         atomic_write_json(out / "bench.json", rep)

@@ -151,8 +151,9 @@ def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
     return out
 
 
-def run(cfg) -> dict:
-    """Every shape x dtype: the pass-cost table and AR against the official loop at each batch size."""
+def run(cfg, done=None) -> dict:
+    """Every shape x dtype: the pass-cost table and AR against the official loop at each batch size. ``done``, if
+    given, is called with the result so far after each batch size's AR cell (a partial result has fewer cells)."""
     from tqdm.auto import tqdm
 
     from vgen import validate
@@ -176,8 +177,12 @@ def run(cfg) -> dict:
                 g = pass_cost_graphed(model, widths, max(repeats, 3))
                 entry["pass_seconds_graphed"] = {str(w): s for w, s in g.items()}
                 entry["pass_cost_graphed"] = {str(w): s / g[1] for w, s in g.items()}
-            entry["ar"] = {str(b): ar_speed(model, int(b), bool(cfg.compile), repeats) for b in batches}
+            entry["ar"] = {}
             result["shapes"].setdefault(name, {})[str(dtype).removeprefix("torch.")] = entry
+            for b in batches:
+                entry["ar"][str(b)] = ar_speed(model, int(b), bool(cfg.compile), repeats)
+                if done is not None:  # a run stopped at its time limit keeps the cells it measured
+                    done(result)
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -8,6 +8,25 @@ from collections.abc import Sequence
 import torch
 
 
+@torch.library.custom_op("vgen::cumsum_last", mutates_args=())
+def _aten_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().cumsum(-1)
+
+
+@_aten_cumsum.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(-1)`` of a floating tensor. On CUDA it goes through one opaque op, so a compiled step calls ATen's
+    scan kernel (eager's sums) instead of inductor's own: inductor's split scan over LlamaGen's 16384-token
+    vocabulary failed to build at batch 8 (docs/benchmarks-gpu.md). CPUs keep the plain op and their bytes."""
+    if x.device.type == "cuda":
+        return torch.ops.vgen.cumsum_last(x)
+    return x.cumsum(-1)
+
+
 def guide(logits: torch.Tensor, cfg_scale: float) -> torch.Tensor:
     """Rows [cond; uncond] -> uncond + s * (cond - uncond) (LlamaGen's form)."""
     cond, uncond = logits.chunk(2, dim=0)
@@ -22,7 +41,7 @@ def filter_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+        cum = cumsum(sorted_logits.softmax(-1))
         remove = cum > top_p
         remove = torch.cat([torch.zeros_like(remove[..., :1]), remove[..., :-1]], dim=-1)  # keep the crossing token
         logits = logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
@@ -32,7 +51,7 @@ def filter_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0,
 def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw: probs (..., V), u (...) in [0, 1) -> token ids (...). Never returns a zero-probability
     token (float rounding at the tail falls back to the last token with mass)."""
-    cdf = probs.cumsum(-1)
+    cdf = cumsum(probs)
     v = (u * cdf[..., -1]).unsqueeze(-1)
     idx = torch.searchsorted(cdf, v, right=True).clamp_max(probs.shape[-1] - 1)
     ok = probs.gather(-1, idx) > 0

@@ -35,7 +35,7 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.interfaces import FeatureModel, ModelSpec, satisfies
-from vgen.kernels.sampling import sample_from_probs
+from vgen.kernels.sampling import cumsum, sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
 from vgen.models.drafter import Drafter, InferenceHead
@@ -106,7 +106,7 @@ def draw(probs: torch.Tensor, ids: torch.Tensor | None, u: torch.Tensor) -> torc
     it first), and u < 1 keeps u * total <= total (no entry past the last)."""
     if ids is None:
         return sample_from_probs(probs, u)
-    cdf = probs.cumsum(-1)
+    cdf = cumsum(probs)
     return ids.gather(-1, torch.searchsorted(cdf, u[..., None] * cdf[..., -1:])).squeeze(-1)
 
 

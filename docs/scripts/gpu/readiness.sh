@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
-# One GPU run for the GPU-readiness issue (docs/benchmarks-gpu.md): vgen bench +experiment=gpu on the device (the
-# released LlamaGen shapes with random weights: pass cost eager and as CUDA graphs, AR compiled as CUDA graphs
-# against the official-style eager loop; then photos-gpt's samplers compiled), then the cuda-marked tests.
+# One GPU run for the GPU-readiness issue (docs/benchmarks-gpu.md): the cuda-marked tests, photos-gpt's samplers
+# compiled, then vgen bench +experiment=gpu on the device (the released LlamaGen shapes with random weights: pass cost
+# eager and as CUDA graphs, AR compiled as CUDA graphs against the official-style eager loop), then an inductor probe.
 # Each part has its own time limit and writes into $OUT as it ends. The lent machines have PyTorch but not Hydra:
-# the wheels come from .whl/ (README of the device tool). SHAPES / SHAPE_BATCHES / ZOO_BATCHES override the sizes.
+# the wheels come from .whl/ (README of the device tool). SHAPES / SHAPE_BATCHES / SHAPE_REPEATS / ZOO_BATCHES override
+# the sizes, TESTS the test files; T_TESTS / T_ZOO / T_SHAPES / T_PROBE are each part's time limit in seconds (0 skips the part).
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=.:/tmp/site VGEN_CACHE=/tmp/vc PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee $OUT/gpu.txt
-echo "== cuda tests: $(date +%T)"
-timeout ${T_TESTS:-150} python3 -m pytest -m cuda -p no:cacheprovider -q -n 8 --durations=8 tests/test_cuda_graphs.py \
-  tests/test_host_syncs.py tests/test_speculative.py 2>&1 | tail -n 40 | tee $OUT/tests.log
-echo "== shapes: $(date +%T)"
-timeout ${T_SHAPES:-230} python3 -m vgen bench +experiment=gpu device=cuda "shapes=${SHAPES:-[B,XL]}" shape_dtypes=[bfloat16] \
-  "shape_batches=${SHAPE_BATCHES:-[1,8]}" samplers=[ar] batch_sizes=[1] num_samples=1 repeats=2 compile=true \
-  outdir=/tmp/shapes 2>&1 | tee $OUT/shapes.log | grep -v Warning | tail -n 30
-cp /tmp/shapes/bench.json $OUT/shapes.json 2>/dev/null
-echo "== zoo samplers compiled: $(date +%T)"
-timeout ${T_ZOO:-170} python3 -m vgen bench +experiment=gpu device=cuda shapes=[] compile=true repeats=2 num_samples=8 \
-  "batch_sizes=${ZOO_BATCHES:-[1,8]}" 'samplers=[ar,"sjd:window=4","scd:window=8","eagle:window=8","zipar:window=4"]' \
-  outdir=/tmp/zoo 2>&1 | tee $OUT/zoo.log | grep -v Warning | tail -n 25
+
+part() {  # part NAME SECONDS COMMAND...: runs COMMAND under its limit unless SECONDS is 0
+  local name=$1 limit=$2; shift 2
+  echo "== $name: $(date +%T), limit ${limit}s"
+  [ "$limit" -gt 0 ] || { echo "(skipped)"; return 0; }
+  timeout "$limit" "$@"
+  echo "== $name ended: rc $?"
+}
+
+part "cuda tests" "${T_TESTS:-150}" python3 -m pytest -m cuda -p no:cacheprovider -q -n 8 --durations=8 \
+  ${TESTS:-tests/test_cuda_graphs.py tests/test_host_syncs.py tests/test_speculative.py tests/test_train.py} 2>&1 \
+  | tail -n 40 | tee $OUT/tests.log
+part "zoo samplers compiled" "${T_ZOO:-170}" python3 -m vgen bench +experiment=gpu device=cuda shapes=[] compile=true \
+  repeats=2 num_samples=8 "batch_sizes=${ZOO_BATCHES:-[1,8]}" \
+  'samplers=[ar,"sjd:window=4","scd:window=8","eagle:window=8","zipar:window=4"]' outdir=/tmp/zoo 2>&1 \
+  | tee $OUT/zoo.log | grep -v Warning | tail -n 25
 cp /tmp/zoo/bench.json $OUT/zoo.json 2>/dev/null
-echo "== inductor probe: $(date +%T)"
-timeout ${T_PROBE:-60} python3 docs/scripts/gpu/inductor_probe.py bfloat16 2>&1 | grep -E "OK|FAIL" | tee $OUT/probe.log
+part "shapes" "${T_SHAPES:-230}" python3 -m vgen bench +experiment=gpu device=cuda "shapes=${SHAPES:-[B,XL]}" \
+  shape_dtypes=[bfloat16] "shape_batches=${SHAPE_BATCHES:-[1,8]}" samplers=[ar] batch_sizes=[1] num_samples=1 \
+  repeats="${SHAPE_REPEATS:-2}" compile=true outdir=/tmp/shapes 2>&1 | tee $OUT/shapes.log | grep -v Warning | tail -n 30
+cp /tmp/shapes/bench.json $OUT/shapes.json 2>/dev/null
+part "inductor probe" "${T_PROBE:-60}" python3 docs/scripts/gpu/inductor_probe.py bfloat16 2>&1 | grep -E "OK|FAIL" \
+  | tee $OUT/probe.log
 echo "== end: $(date +%T)"
