@@ -6,9 +6,25 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _pin_worker() -> None:
+    """Each xdist worker (and the processes it starts) runs on its own share of the cores, round robin: an in-process
+    `vgen` command sizes its threads to the cores it may use (vgen.threads), and on a shared core its threads waited
+    on each other while the other worker held it (a transformers CLI test: 14 s alone, 59 s beside one busy thread,
+    10 s pinned to a core of its own). Fewer cores than workers: no pinning."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker[2:]) % count::count])
+
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # one torch thread per worker (and its subprocesses): the workers share the cores
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    _pin_worker()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -117,6 +117,18 @@ def test_default_threads_are_this_process_share_of_the_cores(monkeypatch):
 
 
 @pytest.mark.slow  # quick loop: kept under 3 minutes (22 s in CI: real processes)
+def test_each_test_worker_runs_on_its_own_share_of_the_cores():
+    """Under pytest-xdist each worker is pinned to its share of the cores (tests/conftest.py), so an in-process vgen
+    command sizes its threads to that share and never waits on a core the other worker holds."""
+    from vgen import threads
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    machine = os.cpu_count() or 1
+    if count < 2 or machine < count or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("runs under pytest-xdist with at least as many cores as workers")
+    share = len(os.sched_getaffinity(0))
+    assert share <= -(-machine // count) and threads.default_threads() == share
+
+
 def test_the_vgen_command_bounds_openmp_spinning():
     """A `vgen` process (python -m vgen, as torchrun starts it) bounds how long idle OpenMP threads spin before they
     sleep (set before torch starts), unless the user chose a wait policy or a spin count; another program that

@@ -564,3 +564,20 @@ def test_bench_and_demo_take_the_transformers_zoo_model(tmp_path):
     res = Demo().race("photos-emu3", None, None, 0, ["sjd"], {"window": 4}, prompt="a photo of the moon")
     assert [x["sampler"] for x in res] == ["ar", "sjd"] and res[1]["forward_passes"] < res[0]["forward_passes"]
     assert tuple(res[0]["image"].shape) == (3, 64, 64)
+
+
+def test_a_bench_wide_compile_leaves_a_forward_vgen_does_not_own_to_auto():
+    """`vgen bench compile=true`: vgen's GPT compiles; a transformers model's forward (Card.own_forward false) runs
+    at compile=auto unless the setting itself names compile=true."""
+    from hydra import compose, initialize_config_module
+
+    from vgen.eval.bench import plan
+    from vgen.pipeline import load_card
+    assert load_card("photos-gpt").own_forward and not load_card("photos-emu3").own_forward
+    with initialize_config_module("vgen.configs", version_base="1.3"):
+        cfg = compose("bench", overrides=["models=[photos-gpt,photos-emu3]", "compile=true", "baseline=false",
+                                          'samplers=[ar,"sjd:window=4,compile=true"]'])
+    p = plan(cfg)
+    assert p.sampler_options("ar", "photos-gpt")[1]["compile"] is True
+    assert p.sampler_options("ar", "photos-emu3")[1]["compile"] == "auto"
+    assert p.sampler_options("sjd:window=4,compile=true", "photos-emu3")[1]["compile"] is True

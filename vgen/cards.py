@@ -235,6 +235,13 @@ class Card:
         return "tokens" if self.model_kind == "transformers" else self.conditioning
 
     @property
+    def own_forward(self) -> bool:
+        """Whether the model's forward pass is vgen's own code. A transformers model's is transformers' (minutes to
+        compile at its released size), so a bench-wide ``compile=true`` leaves it at ``compile=auto``; a setting
+        that names ``compile=true`` itself still compiles it."""
+        return self.model_kind != "transformers"
+
+    @property
     def spec(self) -> ModelSpec:
         """What samplers check their options against (:meth:`ModelSpec.from_card`)."""
         return ModelSpec.from_card(self)

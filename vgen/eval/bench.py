@@ -98,8 +98,8 @@ class Plan:
         name, own = self.settings[setting]
         names = sampler_class(name, self.cards[model]).Options.names() if model else option_names(name)
         compile_ = self.cfg.compile
-        if compile_ is True and model and self.cards[model].model_kind == "transformers":
-            compile_ = "auto"  # transformers' forward stays eager unless a setting asks (compile=true in it)
+        if compile_ is True and model and not self.cards[model].own_forward:
+            compile_ = "auto"  # a forward vgen does not own stays eager unless a setting asks (Card.own_forward)
         common = {k: v for k, v in {**self.options, "compile": compile_}.items() if k in names}
         return name, {**common, **own}
 
