@@ -178,13 +178,14 @@ def test_cspd_exact_with_a_coarse_draft(pair, rule):
     assert energy_test(target_alone(target, 0.3), got)[1] > 0.01
 
 
-def test_cspd_path_rule_is_batch_invariant(pair):
+@pytest.mark.parametrize("rule", ["path", "exact"])
+def test_cspd_is_batch_invariant(pair, rule):
     """A sample's tokens, residual draws included, depend on its seed only: alone or in any batch, up to float
     rounding of batched matrix products (other row counts), which this micro model's reverse process and its
     conditioning on earlier tokens amplify to ~1e-3 by the last token; another decision or another residual
     candidate would move a token by O(1)."""
     target, draft = pair
-    labels, kw = [1, 0, 1, 1, 0], dict(sampler="cspd", draft=draft, seed=5, rule="path", stop_sigma=0.3, **OPTS)
+    labels, kw = [1, 0, 1, 1, 0], dict(sampler="cspd", draft=draft, seed=5, rule=rule, stop_sigma=0.3, **OPTS)
     whole, st = sample(target, labels, **kw)
     assert st["acceptance_rate"] < 1.0  # residual draws happened
     parts, _ = sample(target, labels, batch_size=2, **kw)

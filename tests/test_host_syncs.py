@@ -145,6 +145,43 @@ def test_continuous_ar_makes_no_round_trip_per_token():
     assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop
 
 
+def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch):
+    """CSpD (exact rule), per round (between the target's passes): one host read, every row's accepted count, plus
+    one per chunk of residual proposals where a row was rejected (the rejected rows draw together, each from its own
+    CPU generator), and no upload. Before, a round read the host four times and a residual draw once per row and
+    chunk."""
+    import vgen.samplers.cspd as cspd
+    from vgen.models.car import CAR, CARConfig
+
+    def micro(seed):  # a 4 x 4 grid of 2-D tokens: enough rounds to see the loop
+        torch.manual_seed(seed)
+        m = CAR(CARConfig(dim=32, n_layer=1, n_head=2, num_classes=2, block_size=16, token_channels=2,
+                          diffloss_d=1, diffloss_w=32, num_sampling_steps=6)).eval()
+        g = torch.Generator().manual_seed(seed + 100)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn(p.shape, generator=g) / max(1, p.shape[-1]) ** 0.5)
+        return m
+
+    target, draft = micro(0), micro(1)
+    real = cspd.residual_draw
+
+    def counted(*a, **k):
+        before = trips.intervals[-1]["reads"]
+        out = real(*a, **k)
+        trips.intervals[-1]["redraw_reads"] += trips.intervals[-1]["reads"] - before
+        return out
+
+    monkeypatch.setattr(cspd, "residual_draw", counted)
+    with counting(target) as trips:
+        sample(target, [1, 0, 1, 1], sampler="cspd", draft=draft, seed=0, stop_sigma=0.3, clip_x0=3.0, num_draft=3,
+               prefill_ratio=0.0)
+    loop = per_pass(trips)
+    assert len(loop) >= 3
+    assert all(c["reads"] - c["redraw_reads"] == 1 and c["uploads"] == 0 for c in loop), loop
+    assert any(c["redraw_reads"] >= 1 for c in loop)  # rows were rejected and redrawn in the rounds seen
+
+
 def test_mar_makes_no_round_trip_per_pass():
     """MAR's passes (the encoder drops the unknown tokens by the schedule's count; the head's constants are made once):
     no host read and no upload per pass."""

@@ -193,6 +193,7 @@ class Schedule:
         self.num_steps = len(ts)
         self.rows = [{k: float(v[i]) for k, v in self.consts.items()} for i in range(len(ts))]
         self.out_scale = [float(a) for a in self.abar_prev.sqrt()]
+        self.sigmas = [float(v) for v in torch.sqrt(1 - self.abar_prev)]  # each step's output noise level
 
     def __len__(self) -> int:
         return self.num_steps
@@ -217,9 +218,7 @@ class Schedule:
 
     def stop_index(self, stop_sigma: float) -> int:
         """The last step to run: the first whose output noise level sqrt(1 - abar) is <= ``stop_sigma``."""
-        sig = torch.sqrt(1 - self.abar_prev)
-        hits = (sig <= stop_sigma).nonzero()
-        return int(hits[0]) if len(hits) else self.num_steps - 1
+        return next((i for i, sig in enumerate(self.sigmas) if sig <= stop_sigma), self.num_steps - 1)
 
 
 def gaussian_step(c, x: torch.Tensor, out: torch.Tensor, clip_x0: float) -> Step:

@@ -71,30 +71,41 @@ def accept_log_ratio(x, mean_p, log_std_p, mean_q, log_std_q, rule: str) -> torc
 
 
 def residual_draw(mean_p, log_std_p, mean_q, log_std_q, gens: list[torch.Generator], rule: str,
-                  chunk: int = 16) -> torch.Tensor:
+                  rows: list[int] | None = None, mask: torch.Tensor | None = None, chunk: int = 16) -> torch.Tensor:
     """One draw per row from norm(max(0, p - q)) by acceptance-rejection with p as the proposal: y ~ p is kept with
     probability 1 - q(y)/p(y) where positive. Row i draws ``chunk`` proposals at a time from ``gens[i]`` until one
-    is kept (``rule="official"``: 100 proposals at most, then a zero vector)."""
+    is kept (``rule="official"``: 100 proposals at most, then a zero vector). ``rows``: the rows that draw, and
+    ``mask`` the same as a (R,) boolean tensor on the device (the others stay zero and draw nothing; default every
+    row). The rows still drawing go together, one host read per ``chunk`` proposals; row i's draws come from
+    ``gens[i]`` in the same order whatever else is drawn."""
     R, C = mean_p.shape
+    dev = mean_p.device
     out = torch.zeros_like(mean_p)
-    for i in range(R):
-        tries = 0
-        while True:
-            eps = torch.randn((chunk, C), generator=gens[i]).to(mean_p.device)
-            u = torch.rand((chunk,), generator=gens[i], dtype=torch.float64).to(mean_p.device)
-            y = mean_p[i] + log_std_p[i].exp() * eps
-            lq = gaussian_logpdf(y, mean_q[i], log_std_q[i])
-            lp = gaussian_logpdf(y, mean_p[i], log_std_p[i])
-            keep = (u < -torch.expm1(torch.clamp(lq - lp, max=0.0))) & (lq < lp)
-            tries += chunk
-            if rule == "official" and tries > 100:
-                keep = keep & (torch.arange(chunk, device=keep.device) < chunk - (tries - 100))
-            hit = keep.nonzero()
-            if len(hit):
-                out[i] = y[int(hit[0])]
-                break
-            if rule == "official" and tries >= 100:
-                break  # the official code leaves the zero vector here
+    todo = list(range(R)) if rows is None else list(rows)
+    waiting = torch.ones(R, dtype=torch.bool, device=dev) if mask is None else mask
+    cols = torch.arange(chunk, device=dev)
+    tries = 0
+    while todo:
+        eps, u = torch.zeros((R, chunk, C)), torch.ones((R, chunk), dtype=torch.float64)
+        for i in todo:  # on the host, from each row's own generator (never a device read)
+            eps[i] = torch.randn((chunk, C), generator=gens[i])
+            u[i] = torch.rand((chunk,), generator=gens[i], dtype=torch.float64)
+        eps, u = eps.to(dev), u.to(dev)
+        y = mean_p[:, None] + log_std_p.exp()[:, None] * eps
+        lq = gaussian_logpdf(y, mean_q[:, None], log_std_q[:, None])
+        lp = gaussian_logpdf(y, mean_p[:, None], log_std_p[:, None])
+        keep = (u < -torch.expm1(torch.clamp(lq - lp, max=0.0))) & (lq < lp)
+        tries += chunk
+        if rule == "official" and tries > 100:
+            keep = keep & (cols < chunk - (tries - 100))
+        hit = keep.any(1) & waiting
+        first = keep.long().argmax(1)  # each row's first kept proposal
+        out = torch.where(hit[:, None], y[torch.arange(R, device=dev), first], out)
+        waiting = waiting & ~hit
+        if rule == "official" and tries >= 100:
+            break  # the official code leaves the zero vector here
+        still = waiting.tolist()  # the one read per round of proposals
+        todo = [i for i in todo if still[i]]
     return out
 
 
@@ -157,6 +168,7 @@ class CSpDSampler(ContinuousSampler):
         tokens = torch.zeros((B, L + k + 1, C), device=dev)  # room for drafts past the end
         smap = torch.zeros((B, L), dtype=torch.long, device=dev)
         clock = Clock(dev)
+        positions = torch.arange(model.cond_len, model.cond_len + L, device=dev)  # the target's, for its own passes
 
         # 1. the target alone for the first tokens (at least one: the draft needs a context to continue)
         n0 = min(L, max(1, math.ceil(o.prefill_ratio * L)))
@@ -167,7 +179,7 @@ class CSpDSampler(ContinuousSampler):
             smap[:, t] = passes - 1
             clock.lap("target_head")
             if t + 1 < n0:
-                z = model.decode(both(tokens[:, t:t + 1]), torch.tensor([model.cond_len + t], device=dev), tcache)[:, 0]
+                z = model.decode(both(tokens[:, t:t + 1]), positions[t:t + 1], tcache)[:, 0]
                 passes += 1
                 clock.lap("target_transformer")
         # the draft reads the same context in one pass
@@ -179,10 +191,12 @@ class CSpDSampler(ContinuousSampler):
         clock.lap("draft")
 
         n = torch.full((B,), n0, dtype=torch.long, device=dev)  # tokens decided per sample
+        n_host = [n0] * B  # the same, on the host: one read per round (the accepted counts) keeps it in step
         checked = accepted = 0
         ar = torch.arange(k + 1, device=dev)
+        span = torch.arange(L, device=dev)
         bar = tqdm(total=B * L, initial=B * n0, disable=not progress, desc="cspd", unit="tok", leave=False)
-        while int(n.min()) < L:
+        while min(n_host) < L:
             live = n < L
             # 2. the draft proposes k tokens: its first pass feeds the last two decided tokens (one may be new)
             dq_mean = torch.zeros((B, k, C), device=dev)
@@ -230,11 +244,13 @@ class CSpDSampler(ContinuousSampler):
             # accept left to right; the first rejection is redrawn from norm(max(0, p - q))
             ok = (torch.log(u) < lr) & (n[:, None] + ar[:-1] < L)
             a = ok.long().cumprod(1).sum(1)  # leading accepts (B,)
+            a_host = a.tolist()  # the round's one read: every row's accepted count
             full = a == k
-            redo = (~full & live & (n + a < L)).nonzero().flatten()
+            redo_rows = [b for b in range(B) if a_host[b] < k and n_host[b] + a_host[b] < L]
             if by_path:  # no free bonus: the target's own token would cost a whole trajectory
                 new = tokens[rows, (n + a).clamp_max(L + k)]
-                if len(redo):
+                if redo_rows:
+                    redo = torch.tensor(redo_rows).to(dev)
                     ra = a[redo]
                     zsel = zp[:, :k].reshape(-1, zp.shape[-1])
                     zq_all = torch.stack(zqs, 1).reshape(-1, zqs[0].shape[-1])  # rows [cond (B*k); uncond (B*k)]
@@ -242,25 +258,31 @@ class CSpDSampler(ContinuousSampler):
                     pick = redo * k + ra
                     pick2 = torch.cat([pick, pick + half]) if guided else pick
                     new[redo] = residual_path_draw(model, draft, zsel[pick2], zq_all[pick2], n[redo] + ra, o, L,
-                                                   guided, steps, [gens[i] for i in redo.tolist()])
+                                                   guided, steps, [gens[i] for i in redo_rows])
             else:
                 new = torch.where(full[:, None], p_tok[:, -1], p_tok[:, 0])  # bonus (all passed) ...
-                if len(redo):  # ... or the residual draw at the first rejection
-                    ra = a[redo]
-                    new[redo] = residual_draw(p_mean[redo, ra], p_lstd[redo, ra], dq_mean[redo, ra],
-                                              dq_lstd[redo, ra], [gens[i] for i in redo.tolist()], o.rule)
+                if redo_rows:  # ... or the residual draw at the first rejection (every row's parameters at its own
+                    ra = a.clamp_max(k - 1)  # first rejection; the rows in redo_rows draw)
+                    drew = ~full & live & (n + a < L)  # redo_rows, on the device
+                    res = residual_draw(p_mean[rows, ra], p_lstd[rows, ra], dq_mean[rows, ra], dq_lstd[rows, ra],
+                                        gens, o.rule, rows=redo_rows, mask=drew)
+                    new = torch.where(drew[:, None], res, new)
             clock.lap("verify")
             fin = (n + a).clamp_max(L + k)
             tokens[rows, fin] = torch.where(live[:, None] & ~(full & by_path)[:, None], new, tokens[rows, fin])
             grow = a + 1 - (full & by_path).long()  # the path rule has no bonus token
-            for_map = (n[:, None] + ar < L) & (ar < grow[:, None]) & live[:, None]
-            cols = (n[:, None] + ar).clamp_max(L - 1)
-            smap[rows[:, None].expand_as(cols)[for_map], cols[for_map]] = passes - 1
-            checked += int(torch.minimum(torch.full_like(n, k), L - n)[live].sum())
-            accepted += int(torch.minimum(a, L - n)[live].sum())
             step = torch.where(live, torch.minimum(grow, L - n), 0)
-            bar.update(int(step.sum()))
+            smap.masked_fill_((span >= n[:, None]) & (span < (n + step)[:, None]), passes - 1)
             n = n + step
+            grown = 0
+            for b in range(B):  # the same bookkeeping on the host, from the accepted counts
+                if n_host[b] < L:
+                    checked += min(k, L - n_host[b])
+                    accepted += min(a_host[b], L - n_host[b])
+                    g = min(a_host[b] + 1 - int(by_path and a_host[b] == k), L - n_host[b])
+                    n_host[b] += g
+                    grown += g
+            bar.update(grown)
         bar.close()
         stats = {"forward_passes": passes, "draft_passes": dpasses, "tokens": B * L,
                  "seconds": time.perf_counter() - t0, "accepted_per_step": L / passes,
