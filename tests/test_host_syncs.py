@@ -148,8 +148,8 @@ def test_continuous_ar_makes_no_round_trip_per_token():
 def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch):
     """CSpD (exact rule), per round (between the target's passes): one host read, every row's accepted count, plus
     one per chunk of residual proposals where a row was rejected (the rejected rows draw together, each from its own
-    CPU generator), and no upload. Before, a round read the host four times and a residual draw once per row and
-    chunk."""
+    CPU generator), and no upload. Before, a round read the host 22 times and uploaded once (micro models, this
+    setting)."""
     import vgen.samplers.cspd as cspd
     from vgen.models.car import CAR, CARConfig
 
