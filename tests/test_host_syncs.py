@@ -145,11 +145,12 @@ def test_continuous_ar_makes_no_round_trip_per_token():
     assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop
 
 
-def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch):
-    """CSpD (exact rule), per round (between the target's passes): one host read, every row's accepted count, plus
-    one per chunk of residual proposals where a row was rejected (the rejected rows draw together, each from its own
-    CPU generator), and no upload. Before, a round read the host 22 times and uploaded once (micro models, this
-    setting)."""
+@pytest.mark.parametrize("rule", ["exact", "path"])
+def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch, rule):
+    """CSpD, per round (between the target's passes): one host read, every row's accepted count, plus one per chunk
+    of residual proposals (exact rule) or of candidate paths (path rule) where a row was rejected (the rejected rows
+    draw together, each from its own CPU generator), and no upload. Before, a round of the exact rule read the host
+    22 times and uploaded once (micro models, this setting)."""
     import vgen.samplers.cspd as cspd
     from vgen.models.car import CAR, CARConfig
 
@@ -164,7 +165,8 @@ def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch):
         return m
 
     target, draft = micro(0), micro(1)
-    real = cspd.residual_draw
+    name = "residual_draw" if rule == "exact" else "residual_path_draw"
+    real = getattr(cspd, name)
 
     def counted(*a, **k):
         before = trips.intervals[-1]["reads"]
@@ -172,10 +174,10 @@ def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch):
         trips.intervals[-1]["redraw_reads"] += trips.intervals[-1]["reads"] - before
         return out
 
-    monkeypatch.setattr(cspd, "residual_draw", counted)
+    monkeypatch.setattr(cspd, name, counted)
     with counting(target) as trips:
         sample(target, [1, 0, 1, 1], sampler="cspd", draft=draft, seed=0, stop_sigma=0.3, clip_x0=3.0, num_draft=3,
-               prefill_ratio=0.0)
+               prefill_ratio=0.0, rule=rule)
     loop = per_pass(trips)
     assert len(loop) >= 3
     assert all(c["reads"] - c["redraw_reads"] == 1 and c["uploads"] == 0 for c in loop), loop

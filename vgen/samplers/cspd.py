@@ -124,8 +124,8 @@ def residual_path_draw(model, draft, zp, zq, positions, o, L: int, guided: bool,
     dev = zp.device
     out = torch.zeros((R, C), device=dev)
     todo = torch.arange(R, device=dev)
-    while len(todo):
-        rows = todo.tolist()
+    rows = list(range(R))  # the same rows, on the host
+    while rows:
         n = len(rows)
         start = torch.cat([torch.randn((T, C), generator=gens[i]) for i in rows]).to(dev)          # (n*T, C)
         step_noise = torch.cat([torch.randn((steps, T, C), generator=gens[i]) for i in rows], 1).to(dev)
@@ -140,8 +140,11 @@ def residual_path_draw(model, draft, zp, zq, positions, o, L: int, guided: bool,
         keep = ((u < -torch.expm1(torch.clamp(lq - hs.path_logpdf, max=0.0))) & (lq < hs.path_logpdf)).reshape(n, T)
         hit = keep.any(1)
         first = keep.long().argmax(1)                                     # the row's first kept candidate
-        out[todo[hit]] = hs.token.reshape(n, T, C)[hit.nonzero().flatten(), first[hit]]
-        todo = todo[~hit]
+        tok = hs.token.reshape(n, T, C)[torch.arange(n, device=dev), first]
+        out[todo] = torch.where(hit[:, None], tok, out[todo])
+        kept = hit.tolist()  # the one read per round of candidates
+        rows = [i for i, k in zip(rows, kept) if not k]
+        todo = todo[torch.argsort(hit.to(torch.int8), stable=True)[:len(rows)]]  # the rows left, in order
     return out
 
 
@@ -249,8 +252,8 @@ class CSpDSampler(ContinuousSampler):
             redo_rows = [b for b in range(B) if a_host[b] < k and n_host[b] + a_host[b] < L]
             if by_path:  # no free bonus: the target's own token would cost a whole trajectory
                 new = tokens[rows, (n + a).clamp_max(L + k)]
-                if redo_rows:
-                    redo = torch.tensor(redo_rows).to(dev)
+                if redo_rows:  # the same rows as device indices, in order (no upload)
+                    redo = torch.argsort((~(~full & live & (n + a < L))).to(torch.int8), stable=True)[:len(redo_rows)]
                     ra = a[redo]
                     zsel = zp[:, :k].reshape(-1, zp.shape[-1])
                     zq_all = torch.stack(zqs, 1).reshape(-1, zqs[0].shape[-1])  # rows [cond (B*k); uncond (B*k)]
