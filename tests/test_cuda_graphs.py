@@ -222,10 +222,10 @@ def test_reading_the_counts_one_pass_late_gives_the_same_bytes(tiny_gpt, monkeyp
 
 
 def test_the_cuda_cumsum_is_atens_and_compiles_in_one_graph():
-    """The draws' cumulative sums on CUDA go through one opaque op (`vgen::cumsum_last`) that calls ATen's scan,
-    so inductor never generates its own split scan over the vocabulary (it failed to build at LlamaGen's 16384
-    tokens and batch 8 on an H200). Here on the CPU: the op gives ATen's bytes, eager and compiled with
-    fullgraph=True, for contiguous and strided inputs; the CPU's draws keep the plain op."""
+    """The draws' cumulative sums in a step compiled for CUDA go through one opaque op (`vgen::cumsum_last`) that
+    calls ATen's scan, so inductor never generates its own split scan over the vocabulary (it failed to build at
+    LlamaGen's 16384 tokens and batch 8 on an H200). Here on the CPU: the op gives ATen's bytes, eager and compiled
+    with fullgraph=True, for contiguous and strided inputs; the CPU's draws keep the plain op."""
     from vgen.kernels.sampling import cumsum
     x = torch.rand(8, 16384, generator=torch.Generator().manual_seed(0))
     for t in (x, x[:, ::2], x.T.contiguous().T):

@@ -19,10 +19,11 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def cumsum(x: torch.Tensor) -> torch.Tensor:
-    """``x.cumsum(-1)`` of a floating tensor. On CUDA it goes through one opaque op, so a compiled step calls ATen's
-    scan kernel (eager's sums) instead of inductor's own: inductor's split scan over LlamaGen's 16384-token
-    vocabulary failed to build at batch 8 (docs/benchmarks-gpu.md). CPUs keep the plain op and their bytes."""
-    if x.device.type == "cuda":
+    """``x.cumsum(-1)`` of a floating tensor. Compiled for CUDA it goes through one opaque op, so the step calls
+    ATen's scan kernel (eager's sums) instead of inductor's own: inductor's split scan over LlamaGen's 16384-token
+    vocabulary failed to build at batch 8 (docs/benchmarks-gpu.md). Eager code and CPUs keep the plain op (ATen's
+    already, without a custom op's dispatch per call) and their bytes."""
+    if x.device.type == "cuda" and torch.compiler.is_compiling():
         return torch.ops.vgen.cumsum_last(x)
     return x.cumsum(-1)
 

@@ -250,10 +250,11 @@ class CSpDSampler(ContinuousSampler):
             a_host = a.tolist()  # the round's one read: every row's accepted count
             full = a == k
             redo_rows = [b for b in range(B) if a_host[b] < k and n_host[b] + a_host[b] < L]
+            drew = ~full & live & (n + a < L)  # redo_rows, on the device
             if by_path:  # no free bonus: the target's own token would cost a whole trajectory
                 new = tokens[rows, (n + a).clamp_max(L + k)]
                 if redo_rows:  # the same rows as device indices, in order (no upload)
-                    redo = torch.argsort((~(~full & live & (n + a < L))).to(torch.int8), stable=True)[:len(redo_rows)]
+                    redo = torch.argsort((~drew).to(torch.int8), stable=True)[:len(redo_rows)]
                     ra = a[redo]
                     zsel = zp[:, :k].reshape(-1, zp.shape[-1])
                     zq_all = torch.stack(zqs, 1).reshape(-1, zqs[0].shape[-1])  # rows [cond (B*k); uncond (B*k)]
@@ -266,7 +267,6 @@ class CSpDSampler(ContinuousSampler):
                 new = torch.where(full[:, None], p_tok[:, -1], p_tok[:, 0])  # bonus (all passed) ...
                 if redo_rows:  # ... or the residual draw at the first rejection (every row's parameters at its own
                     ra = a.clamp_max(k - 1)  # first rejection; the rows in redo_rows draw)
-                    drew = ~full & live & (n + a < L)  # redo_rows, on the device
                     res = residual_draw(p_mean[rows, ra], p_lstd[rows, ra], dq_mean[rows, ra], dq_lstd[rows, ra],
                                         gens, o.rule, rows=redo_rows, mask=drew)
                     new = torch.where(drew[:, None], res, new)

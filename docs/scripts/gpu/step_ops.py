@@ -16,7 +16,6 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 import vgen
-import vgen.kernels.decode as decode
 
 SETTINGS = {"ar": {}, "sjd": dict(window=4), "scd": dict(window=4), "eagle": dict(window=4),
             "zipar": dict(window=4)}
@@ -36,17 +35,18 @@ def main(names: list[str]) -> None:
     backend = aot_autograd(fw_compiler=fw)
     real = torch.compile
 
-    def counting_compile(fn, **kw):
-        kw.pop("mode", None), kw.pop("options", None), kw.pop("backend", None)
-        return real(fn, backend=backend, **kw)
+    def counting_compile(fn, dynamic=None, fullgraph=False, **_):  # vgen's mode / options / backend: replaced
+        return real(fn, dynamic=dynamic, fullgraph=fullgraph, backend=backend)
 
-    decode.torch.compile = counting_compile
-    pipe = vgen.load_pipeline("photos-gpt")
-    torch._dynamo.reset()
-    for name in names:
-        current[0] = name
-        pipe.generate([0], sampler=name, seed=0, compile=True, **SETTINGS[name])
-    decode.torch.compile = real
+    torch.compile = counting_compile  # vgen.kernels.decode.compiled calls torch.compile at each step's first use
+    try:
+        pipe = vgen.load_pipeline("photos-gpt")
+        torch._dynamo.reset()
+        for name in names:
+            current[0] = name
+            pipe.generate([0], sampler=name, seed=0, compile=True, **SETTINGS[name])
+    finally:
+        torch.compile = real
     print("| sampler | aten ops per compiled graph (each graph it compiled) |\n|---|---|")
     for name in names:
         print(f"| `{name}` {SETTINGS[name]} | {', '.join(map(str, counts[name]))} |")
