@@ -69,6 +69,33 @@ def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
     assert feats.shape == (2, clf.num_features) and logits.shape == (2, 16) and clf.arch == "test_resnet"
 
 
+def test_photo_classifier_recipe_learns_from_tokenizer_round_trips_and_continues_from_a_file(tmp_path):
+    """recipe.roundtrip shows a share of the crops after a VQ round trip (labels unchanged) and reports accuracy on
+    round trips of unseen crops; recipe.init continues from a classifier file; bad values fail before the run."""
+    from vgen.eval.extractors import load_photo_classifier
+    from vgen.train.photo import PhotoTrainConfig, round_trip, train_photo
+    train_vq(VQTrainConfig(out=str(tmp_path / "vq"), steps=1, batch_size=2, save_every=1, eval_n=8, model=TINY_VQ))
+    vq_path = tmp_path / "vq" / "vq.safetensors"
+    base = dict(arch="test_resnet", steps=2, batch_size=8, save_every=2, eval_n=16, warmup=1, data="captioned")
+    first = train_photo(PhotoTrainConfig(out=str(tmp_path / "a"), **base))
+    assert "train_region_accuracy_roundtrip" not in first
+    m = train_photo(PhotoTrainConfig(out=str(tmp_path / "b"), roundtrip=str(vq_path), roundtrip_share=0.5,
+                                     init=str(tmp_path / "a" / "classifier.safetensors"), **base))
+    for key in ("test_accuracy_roundtrip", "train_region_accuracy", "train_region_accuracy_roundtrip"):
+        assert 0 <= m[key] <= 1
+    vq = load_official("vq", vq_path).eval()
+    x = torch.randint(0, 256, (3, 3, 64, 64), dtype=torch.uint8)
+    rt = round_trip(vq, x, batch=2)
+    assert rt.dtype == torch.uint8 and rt.shape == x.shape and not torch.equal(rt, x)
+    clf = load_photo_classifier(tmp_path / "b" / "classifier.safetensors")
+    assert clf.arch == "test_resnet"
+    with pytest.raises(VGenError, match="roundtrip_share is a share"):
+        train_photo(PhotoTrainConfig(out=str(tmp_path / "bad"), roundtrip=str(vq_path), roundtrip_share=2.0, **base))
+    with pytest.raises(VGenError, match="not found"):
+        train_photo(PhotoTrainConfig(out=str(tmp_path / "bad2"), roundtrip=str(tmp_path / "none.safetensors"), **base))
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
+
+
 def test_msvq_and_var_recipes_run_resume_and_export(tmp_path):
     from vgen.train.msvq import MSVQTrainConfig, train_msvq
     from vgen.train.var import VARTrainConfig, train_var
@@ -230,6 +257,29 @@ def test_vq_recipe_fine_tunes_on_captioned_crops(tmp_path):
         train_vq(VQTrainConfig(out=str(tmp_path / "bad2"), init=str(tmp_path / "missing.safetensors")))
 
 
+def test_a_gpt_deepened_by_repeating_its_layers_computes_the_same_function():
+    """recipe=t2i grows a GPT it continues from to recipe.model.n_layer: each layer repeated, the repeats' output
+    projections zeroed, so the deeper model starts from the same logits (and trains from there)."""
+    from vgen.models.gpt import GPT, GPTConfig
+    from vgen.train.t2i import deepen
+    torch.manual_seed(0)
+    small = dict(dim=32, n_head=2, vocab_size=64, block_size=16, model_type="t2i", cls_token_num=4, caption_dim=8)
+    g2 = GPT(GPTConfig(n_layer=2, **small)).eval()
+    for p in g2.parameters():  # every weight non-zero, so a repeat left active would show
+        torch.nn.init.normal_(p, 0.0, 0.2)
+    g6 = GPT(GPTConfig(n_layer=6, **small)).eval()
+    grown = deepen(g2.state_dict(), 6)
+    g6.load_state_dict(grown)
+    x, c = torch.randint(0, 64, (3, 16)), torch.randn(3, 4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(g6(x, c), g2(x, c), rtol=1e-5, atol=1e-5)
+    assert torch.equal(grown["layers.3.attention.wqkv.weight"], g2.state_dict()["layers.1.attention.wqkv.weight"])
+    assert not grown["layers.4.feed_forward.w2.weight"].any() and grown["layers.3.feed_forward.w2.weight"].any()
+    assert deepen(g2.state_dict(), 2) is not None and len(deepen(g2.state_dict(), 2)) == len(g2.state_dict())
+    with pytest.raises(VGenError, match="multiple of the GPT continued from"):
+        deepen(g2.state_dict(), 3)
+
+
 @pytest.mark.slow
 def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     """recipe=t2i at toy size: caption tokenizer, codes, GPT + T5 end to end, the pipeline folder (loads and
@@ -263,6 +313,15 @@ def test_t2i_recipe_runs_exports_and_continues_from_a_pipeline(tmp_path):
     with pytest.raises(VGenError, match="subject_dropout is a share"):
         train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad2"), "subject_dropout": 1.5}))
     assert not (tmp_path / "bad2").exists()
+    deeper = train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "deeper"), "init_pipeline": str(folder),
+                                         "steps": 1, "model": {**tiny["model"], "n_layer": 2}}))
+    assert deeper["gpt_params"] > m["gpt_params"]
+    assert load_official("gpt", tmp_path / "deeper" / "pipeline" / "gpt.safetensors").config.n_layer == 2
+    with pytest.raises(VGenError, match="multiple of the GPT continued from"):
+        train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad4"),
+                                    "init_pipeline": str(tmp_path / "deeper" / "pipeline"),
+                                    "model": {**tiny["model"], "n_layer": 3}}))
+    assert not (tmp_path / "bad4").exists()
     with pytest.raises(VGenError, match="treatments is how many looks"):
         train_t2i(T2ITrainConfig(**{**tiny, "out": str(tmp_path / "bad3"), "treatments": 0}))
     assert not (tmp_path / "bad3").exists()

@@ -128,6 +128,27 @@ def draw_captions(facts: list[dict], idx: list[int], seed: int, subject_dropout:
             for i, d in zip(idx, drop)]
 
 
+def deepen(sd: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+    """A GPT state dict grown to ``n_layer`` layers, computing the same function: old layer ``i`` becomes layers
+    ``k*i .. k*i + k - 1`` (``k = n_layer / old``), the repeats with their attention and feed-forward output
+    projections zeroed, so each is the identity on the residual stream until trained (Net2DeeperNet's idea)."""
+    old = 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("layers.")), default=-1)
+    if n_layer == old:
+        return sd
+    if old == 0 or n_layer < old or n_layer % old:
+        raise VGenError(f"recipe.model.n_layer={n_layer} must be a multiple of the GPT continued from ({old} layers) "
+                        "to grow it: give a multiple, or the same depth")
+    k = n_layer // old
+    out = {key: v for key, v in sd.items() if not key.startswith("layers.")}
+    for key, v in sd.items():
+        if key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            for r in range(k):
+                zero = r > 0 and rest in ("attention.wo.weight", "feed_forward.w2.weight")
+                out[f"layers.{int(i) * k + r}.{rest}"] = torch.zeros_like(v) if zero else v.clone()
+    return out
+
+
 def init_from(gpt: GPT, path: str) -> int:
     """Copy a class-conditional GPT's transformer, token table and head (not its class table): tensors copied."""
     from vgen.kinds import read_checkpoint
@@ -169,6 +190,10 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
                   (str(init / "text" / "model.safetensors"), "photos-t2i text encoder to continue from", "t2i")]
     elif cfg.init_gpt:
         needs += [(cfg.init_gpt, "GPT to start from", "gpt")]
+    init_sd = None
+    if init is not None and (init / "gpt.safetensors").is_file():  # a depth it cannot grow to fails before the run
+        from vgen.kinds import read_checkpoint
+        init_sd = deepen(read_checkpoint(str(init / "gpt.safetensors"))[0], int(cfg.model.get("n_layer", 6)))
     run, device = start_run(cfg, needs=tuple(needs))
     vq = load_official("vq", cfg.tokenizer, device=device).eval()
     if init is not None and not (run.path / "text" / "tokenizer.json").exists():  # its caption tokenizer
@@ -188,11 +213,9 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     else:
         text = text_encoder(text_folder, cfg)
     gpt = GPT(GPTConfig(model_type="t2i", cls_token_num=cfg.caption_tokens, caption_dim=text.dim, **cfg.model))
-    if init is not None:  # every tensor, caption projection included
-        from vgen.kinds import read_checkpoint
-        sd, _ = read_checkpoint(str(init / "gpt.safetensors"))
-        gpt.load_state_dict({k: v.float() for k, v in sd.items()})
-        copied = len(sd)
+    if init_sd is not None:  # every tensor, caption projection included (a deeper GPT: each layer repeated)
+        gpt.load_state_dict({k: v.float() for k, v in init_sd.items()})
+        copied = len(init_sd)
     else:
         copied = init_from(gpt, cfg.init_gpt) if cfg.init_gpt else 0
     m = T2I(gpt, text).to(device)
