@@ -5,7 +5,8 @@
   pixel measures as the prompt accuracy (the first release's numbers in the docs were taken with photos-gpt's VQ and
   the pixel-exact thresholds of the time);
 * the plain photo classifier on 400 captioned test crops, and photo-classifier-t2i on 512 unseen crops of the
-  training region (seed 777: never drawn in its training).
+  training region (`vgen.train.photo.UNSEEN_SEED`: never drawn in its training; before 2026-11-27 seed 777,
+  which its first stage drew once, at step 777).
 
     python docs/scripts/t2i_diagnostics.py > diagnostics.json
 """
@@ -19,6 +20,7 @@ from vgen.data import to_model_range, to_uint8
 from vgen.data.captions import captioned_photos, prompt_set
 from vgen.eval.extractors import load_photo_classifier
 from vgen.eval.t2i import T2I_CLASSIFIER
+from vgen.train.photo import UNSEEN_SEED
 from vgen.train.vq import treatments_kept
 
 out = {}
@@ -49,6 +51,7 @@ out["plain_classifier_on_captioned_test"] = round(hit.float().mean().item(), 3)
 for colour in ("natural", "warm", "cool"):
     sel = torch.tensor([f.colour == colour for f in t.facts])
     out[f"plain_classifier_on_captioned_test_{colour}"] = round(hit[sel].float().mean().item(), 3)
+unseen = captioned_photos("train", 512, seed=UNSEEN_SEED)
 out["t2i_classifier_on_unseen_train_region"] = round(
-    accuracy(load_photo_classifier(T2I_CLASSIFIER), captioned_photos("train", 512, seed=777)).float().mean().item(), 3)
+    accuracy(load_photo_classifier(T2I_CLASSIFIER), unseen).float().mean().item(), 3)
 print(json.dumps(out, indent=2))

@@ -56,18 +56,15 @@ for kind in ("subject", "heldout", "colour", "brightness"):
 
 from vgen.eval.extractors import load_photo_classifier  # noqa: E402
 from vgen.eval.t2i import T2I_CLASSIFIER  # noqa: E402
-from vgen.train.photo import round_trip  # noqa: E402
+from vgen.train.photo import UNSEEN_SEED, predict, round_trip  # noqa: E402
 
-real = captioned_photos("train", 512, seed=777)
-with torch.inference_mode():
-    rt = round_trip(pipe.tokenizer, real.images)
-    for tag, path in (("", T2I_CLASSIFIER), ("_other_judge", other)):
-        if path is None:
-            continue
+real = captioned_photos("train", 512, seed=UNSEEN_SEED)
+rt = round_trip(pipe.tokenizer, real.images)
+for tag, path in (("", T2I_CLASSIFIER), ("_other_judge", other)):
+    if path is not None:
         judge = load_photo_classifier(path)
         for key, x in (("real", real.images), ("roundtrip", rt)):
-            pred = torch.cat([judge(x[i:i + 128])[1].argmax(-1) for i in range(0, 512, 128)])
-            out[f"judge_on_train_region_{key}{tag}"] = float((pred == real.labels).float().mean())
+            out[f"judge_on_train_region_{key}{tag}"] = float((predict(judge, x) == real.labels).float().mean())
 print("judge", {k: v for k, v in out.items() if k.startswith("judge")}, file=sys.stderr)
 
 test = captioned_photos("test", 256, seed=5)  # not the reference's crops (seed 0)

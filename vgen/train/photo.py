@@ -45,6 +45,10 @@ class PhotoTrainConfig(RecipeConfig):
     init: str = ""            # a classifier.safetensors to continue from ('' = from scratch)
 
 
+# crops of the training region no recipe run draws: step s of a run with recipe.seed r draws seed r * 1_000_003 + s
+UNSEEN_SEED = 1_000_002
+
+
 @torch.no_grad()
 def round_trip(vq, images: torch.Tensor, batch: int = 128) -> torch.Tensor:
     """uint8 images (N, 3, H, W) encoded to ``vq``'s codes and decoded back to uint8."""
@@ -54,30 +58,35 @@ def round_trip(vq, images: torch.Tensor, batch: int = 128) -> torch.Tensor:
 
 
 @torch.no_grad()
+def predict(model: PhotoClassifier, images: torch.Tensor, batch: int = 128) -> torch.Tensor:
+    """The classifier's class per uint8 image (N,), on the CPU."""
+    device = next(model.parameters()).device
+    return torch.cat([model(images[i:i + batch].to(device))[1].argmax(-1).cpu() for i in range(0, len(images), batch)])
+
+
+@torch.no_grad()
 def evaluate(model: PhotoClassifier, n: int = 1024, seed: int = 0, batch: int = 128, data: str = "photos",
              vq=None) -> dict:
     """Held-out (test-region) accuracy, per class, and the confusion matrix; with ``vq``, the accuracy on the same
-    crops after its round trip and on ``n`` unseen crops of the training region (seed 777, never a training draw:
-    the generators' own region) before and after it."""
+    crops after its round trip and on ``n`` unseen crops of the training region (:data:`UNSEEN_SEED`, never a
+    training draw: the generators' own region) before and after it."""
     model.eval()
-    device = next(model.parameters()).device
 
-    def hits(images, labels):
-        preds = torch.cat([model(images[i:i + batch].to(device))[1].argmax(-1).cpu()
-                           for i in range(0, len(labels), batch)])
-        return preds, float((preds == labels).float().mean())
+    def acc(images, labels):
+        return float((predict(model, images, batch) == labels).float().mean())
 
     d = crops(data, "test", n, seed, model.image_size)
-    preds, acc = hits(d.images, d.labels)
+    preds = predict(model, d.images, batch)
     conf = torch.zeros(NUM_CLASSES, NUM_CLASSES, dtype=torch.long)
     conf.index_put_((d.labels, preds), torch.ones_like(preds), accumulate=True)
     per_class = (conf.diag().float() / conf.sum(1).clamp_min(1)).tolist()
-    out = {"test_accuracy": acc, "per_class_accuracy": per_class, "confusion": conf.tolist(), "eval_n": n}
+    out = {"test_accuracy": float((preds == d.labels).float().mean()), "per_class_accuracy": per_class,
+           "confusion": conf.tolist(), "eval_n": n}
     if vq is not None:
-        out["test_accuracy_roundtrip"] = hits(round_trip(vq, d.images), d.labels)[1]
-        t = crops(data, "train", n, 777, model.image_size)
-        out["train_region_accuracy"] = hits(t.images, t.labels)[1]
-        out["train_region_accuracy_roundtrip"] = hits(round_trip(vq, t.images), t.labels)[1]
+        out["test_accuracy_roundtrip"] = acc(round_trip(vq, d.images), d.labels)
+        t = crops(data, "train", n, UNSEEN_SEED, model.image_size)
+        out["train_region_accuracy"] = acc(t.images, t.labels)
+        out["train_region_accuracy_roundtrip"] = acc(round_trip(vq, t.images), t.labels)
     return out
 
 

@@ -193,7 +193,8 @@ def train_t2i(cfg: T2ITrainConfig) -> dict:
     init_sd = None
     if init is not None and (init / "gpt.safetensors").is_file():  # a depth it cannot grow to fails before the run
         from vgen.kinds import read_checkpoint
-        init_sd = deepen(read_checkpoint(str(init / "gpt.safetensors"))[0], int(cfg.model.get("n_layer", 6)))
+        depth = int(cfg.model.get("n_layer", GPTConfig.n_layer))
+        init_sd = deepen(read_checkpoint(str(init / "gpt.safetensors"))[0], depth)
     run, device = start_run(cfg, needs=tuple(needs))
     vq = load_official("vq", cfg.tokenizer, device=device).eval()
     if init is not None and not (run.path / "text" / "tokenizer.json").exists():  # its caption tokenizer
