@@ -170,8 +170,9 @@ def test_gpu_experiment_runs_small_on_a_cpu(tmp_path):
 
 
 def test_the_shapes_bench_hands_over_each_cell_as_it_ends(monkeypatch):
-    """A shapes run reports its result after each batch size's AR cell (vgen bench writes bench.json then), so a
-    run stopped at its time limit keeps what it measured: the first report holds batch 1 alone."""
+    """A shapes run reports its result after the pass costs and after each batch size's AR cell (vgen bench writes
+    bench.json then), so a run stopped at its time limit keeps what it measured: the first report holds the pass
+    costs alone, the second batch 1."""
     from omegaconf import OmegaConf
 
     from vgen.eval import shapes
@@ -182,7 +183,7 @@ def test_the_shapes_bench_hands_over_each_cell_as_it_ends(monkeypatch):
     seen = []
     result = shapes.run(cfg, done=lambda so_far: seen.append(json.loads(json.dumps(so_far))))
     ar = [r["shapes"]["cpu-S"]["float32"]["ar"] for r in seen]
-    assert ar == [{"1": {"batch": 1}}, {"1": {"batch": 1}, "4": {"batch": 4}}]
+    assert ar == [{}, {"1": {"batch": 1}}, {"1": {"batch": 1}, "4": {"batch": 4}}]
     assert seen[-1] == json.loads(json.dumps(result)) and seen[0]["shapes"]["cpu-S"]["float32"]["pass_cost"]["1"] == 1
 
 
@@ -205,6 +206,26 @@ def test_an_in_process_command_keeps_the_callers_threads(tiny_pipeline, tmp_path
         torch.set_num_threads(before)
 
 
+def test_a_command_sets_tf32_for_its_own_length(tiny_pipeline, tmp_path):
+    """vgen's commands multiply CUDA float32 matmuls in TF32 as LlamaGen's sampling scripts do (tf32=false: full
+    float32), recorded in stats.json; run in process, the caller's setting comes back after the command."""
+    from vgen.cli import main
+    from vgen.kernels.precision import cuda_tf32
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for caller, flag in ((False, None), (True, "tf32=false")):
+            torch.backends.cuda.matmul.allow_tf32 = caller
+            out = tmp_path / f"o{int(caller)}"
+            main(["sample", f"model.path={tiny_pipeline}", "num_samples=1", f"outdir={out}", "progress=false",
+                  *([flag] if flag else [])])
+            assert json.loads((out / "stats.json").read_text())["tf32"] is (flag is None)
+            assert torch.backends.cuda.matmul.allow_tf32 is caller
+        with cuda_tf32(None):  # None leaves the setting alone
+            assert torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def test_a_bfloat16_pipeline_drives_eagle_with_its_draft_head(tiny_pipeline, tiny_gpt):
     """The draft head a pipeline loads follows the target's dtype (its products read the target's bfloat16
     embeddings and output weight): eagle runs on a bfloat16 pipeline (it failed with a dtype mismatch before)."""
@@ -221,3 +242,23 @@ def test_a_bfloat16_pipeline_drives_eagle_with_its_draft_head(tiny_pipeline, tin
         from vgen.samplers import get_sampler
         head = pipe.draft_for(get_sampler("eagle", model=pipe.model, drafter=path))
         assert next(head.parameters()).dtype == dtype
+
+
+def test_the_shapes_bench_times_the_text_to_image_gpt_on_left_padded_captions(monkeypatch):
+    """``XL-t2i`` / ``cpu-S-t2i``: LlamaGen-T2I's GPT (120 caption positions of 2048 features) timed on a random
+    caption whose padding rows are zero, so the caption mask hides them as in the official loop; both loops run
+    (on a 4 x 4 grid here, to keep the quick loop quick)."""
+    from omegaconf import OmegaConf
+
+    from vgen.eval import shapes
+    monkeypatch.setattr(shapes, "TOKENS", 16)
+    model = shapes.build_shape("cpu-S-t2i", torch.float32, torch.device("cpu"))
+    assert model.conditioning == "text" and model.cond_len == shapes.CAPTION_LEN
+    cond = shapes.conditions(model, 2)
+    assert cond.shape == (2, shapes.CAPTION_LEN, shapes.CAPTION_DIM)
+    assert model.cond_mask(cond).sum(1).tolist() == [shapes.CAPTION_TOKENS] * 2
+    cfg = OmegaConf.create(dict(device="cpu", shapes=[], cpu_shapes=["cpu-S-t2i"], shape_dtypes=["float32"],
+                                pass_widths=[1, 4], repeats=1, shape_batches=[1], batch_sizes=[1], compile=False))
+    entry = shapes.run(cfg)["shapes"]["cpu-S-t2i"]["float32"]
+    assert entry["pass_cost"]["1"] == 1.0 and entry["pass_seconds"]["4"] > 0
+    assert entry["ar"]["1"]["vgen"]["ms_per_token"] > 0 and entry["ar"]["1"]["official"]["ms_per_token"] > 0

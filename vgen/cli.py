@@ -175,14 +175,16 @@ def main(argv: list[str] | None = None) -> None:
     def _app(cfg: DictConfig):
         import torch
 
-        from vgen.threads import set_threads
         from vgen import validate
+        from vgen.kernels.precision import cuda_tf32
+        from vgen.threads import set_threads
         from vgen.configs import SCHEMAS
         before = torch.get_num_threads()
         try:
             validate.config(cfg, SCHEMAS[command])  # every command's own fields, by its schema's rules, first
             set_threads(cfg.get("threads"))  # this process's share of the cores unless threads= says otherwise
-            return task(cfg)
+            with cuda_tf32(cfg.get("tf32")):  # CUDA float32 matmuls in TF32 as LlamaGen's scripts (tf32=false: not)
+                return task(cfg)
         except VGenError as e:
             print(f"vgen {command}: error: {e}", file=sys.stderr)
             sys.exit(2)

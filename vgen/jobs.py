@@ -160,7 +160,8 @@ class SampleJob:
                 summary = None
                 if rank == 0:
                     summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
-                               "threads": torch.get_num_threads(), "generated_now": len(todo), "skipped": n - len(todo),
+                               "threads": torch.get_num_threads(), "tf32": torch.backends.cuda.matmul.allow_tf32,
+                               "generated_now": len(todo), "skipped": n - len(todo),
                                "wall_seconds": time.perf_counter() - t_start}
                     if video:  # one row of frames per clip
                         files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]

@@ -110,6 +110,7 @@ class SampleSchema:
     device: str = "cpu"
     dtype: Optional[str] = None  # the model's weights and KV cache: float32 | bfloat16 | float16; null: the card's
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
+    tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
     grid_nrow: int = at_least(8, 1)
     progress: bool = True
     prompt: Optional[str] = reads(None)  # video models: a clip (MP4 / GIF) whose first prompt_frames are continued
@@ -134,6 +135,7 @@ class BenchSchema:
     device: str = "cpu"
     dtype: Optional[str] = None  # every model's weights and KV cache (float32 | bfloat16 | float16); null: the card's
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
+    tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
     options: dict = field(default_factory=dict)
     fid_samples: int = at_least(0, 0)  # FID-photo of this many samples per setting (0: off)
     fidelity_reference: Optional[str] = None  # a sampler setting (e.g. "var": the full KV cache) to compare to
@@ -141,7 +143,7 @@ class BenchSchema:
     fid_reference: str = "photos-test"
     fvd_samples: int = at_least(0, 0)  # FVD-photo of this many clips per setting of a video model (0: off)
     fvd_reference: str = "clips-test"
-    shapes: list[str] = field(default_factory=list)  # on CUDA: LlamaGen GPT shapes (B, L, XL, XXL), random weights
+    shapes: list[str] = field(default_factory=list)  # on CUDA: LlamaGen GPT shapes (B, L, XL, XXL, XL-t2i), random weights
     cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
     shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
     pass_widths: list[int] = at_least(lambda: [1, 2, 4, 8, 16, 32], 1)  # tokens per pass (pass_cost)
@@ -197,6 +199,7 @@ class DemoSchema:
     device: str = "cpu"
     dtype: Optional[str] = None  # the models' weights and KV cache (float32 | bfloat16 | float16); null: the card's
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
+    tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
 
 
 @dataclass

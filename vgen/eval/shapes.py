@@ -14,6 +14,11 @@ tokens, one class token) and measured per shape and dtype:
   ``shape_batches``, with CFG (both halves), the peak memory of each, and the seconds of the first compiled call
   (its warm-up: ``first_call_s``).
 
+``XL-t2i`` is the text-to-image GPT of ``t2i_XL_stage1_256.pt`` (XL's blocks, 120 caption positions of 2048
+FLAN-T5-XL features through ``cap_proj``, the same 256 image tokens): its condition is a random caption of
+``CAPTION_TOKENS`` valid rows, left-padded with zero rows as the official ``sample_t2i.py`` hands it over, so the
+caption mask is applied as in a real run. ``cpu-S-t2i`` is its small counterpart for CPUs.
+
 On a CPU the released shapes take minutes per image, so ``cpu_shapes`` (small ones) run instead: CI exercises the
 code, the numbers that matter come from a GPU.
 """
@@ -30,8 +35,11 @@ from vgen.errors import VGenError
 SHAPES: dict[str, tuple[int, int, int]] = {
     "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1280, 36, 20), "XXL": (1536, 48, 24),
     "cpu-S": (256, 4, 4), "cpu-M": (512, 8, 8),
+    "XL-t2i": (1280, 36, 20), "cpu-S-t2i": (256, 4, 4),
 }
 VOCAB, TOKENS, CLASSES = 16384, 256, 1000
+CAPTION_LEN, CAPTION_DIM = 120, 2048  # LlamaGen-T2I: 120 FLAN-T5-XL positions (t2i_XL_stage1_256.pt)
+CAPTION_TOKENS = 24  # valid rows of the random caption (a typical prompt's T5 tokens); the rest left padding
 
 
 def check(cfg) -> list[str]:
@@ -59,10 +67,24 @@ def build_shape(name: str, dtype: torch.dtype, device: torch.device):
     from vgen.models import build
     dim, n_layer, n_head = SHAPES[name]
     torch.manual_seed(0)
+    text = name.endswith("-t2i")
+    kind = dict(model_type="t2i", cls_token_num=CAPTION_LEN, caption_dim=CAPTION_DIM) if text else {}
     model = build("gpt", dim=dim, n_layer=n_layer, n_head=n_head, vocab_size=VOCAB, num_classes=CLASSES,
-                  block_size=TOKENS)
+                  block_size=TOKENS, **kind)
     torch.nn.init.normal_(model.output.weight, std=0.02)  # the official init zeroes the head: uniform draws
     return model.to(device=device, dtype=dtype).eval()
+
+
+def conditions(model, batch: int) -> torch.Tensor:
+    """``batch`` conditions for ``model``: class ids, or random captions (``CAPTION_TOKENS`` valid rows at the end,
+    zero rows before them: left padding, the caption mask the official loop applies)."""
+    device = next(model.parameters()).device
+    if model.conditioning == "class":
+        return torch.arange(batch, device=device) % CLASSES
+    g = torch.Generator(device="cpu").manual_seed(0)
+    caption = torch.zeros(batch, model.cond_len, model.config.caption_dim)
+    caption[:, -CAPTION_TOKENS:] = torch.randn(batch, CAPTION_TOKENS, model.config.caption_dim, generator=g) * 0.1
+    return caption.to(device=device, dtype=next(model.parameters()).dtype)
 
 
 @torch.inference_mode()
@@ -71,7 +93,7 @@ def pass_cost(model, widths: list[int], repeats: int) -> dict[int, float]:
     device = next(model.parameters()).device
     cache = model.new_cache(1)
     cache.limit(None)
-    model.prefill(torch.zeros(1, dtype=torch.long, device=device), cache)
+    model.prefill(conditions(model, 1), cache)
     start = model.cond_len + TOKENS // 2
     times: dict[int, list[float]] = {w: [] for w in widths}
     for r in range(repeats + 1):  # round 0: warm-up
@@ -94,7 +116,7 @@ def pass_cost_graphed(model, widths: list[int], repeats: int, replays: int = 20)
     device = next(model.parameters()).device
     cache = model.new_cache(1)
     cache.limit(None)
-    model.prefill(torch.zeros(1, dtype=torch.long, device=device), cache)
+    model.prefill(conditions(model, 1), cache)
     start = model.cond_len + TOKENS // 2
     graphs = {}
     for w in widths:
@@ -125,12 +147,12 @@ def pass_cost_graphed(model, widths: list[int], repeats: int, replays: int = 20)
 @torch.inference_mode()
 def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
     """ms per token of vgen's ar (``compile``; compiled runs also eager, ``vgen_eager``) and of the official-style
-    loop at ``batch``, CFG 4 (both halves), top-k 0; ``first_call_s``: each one's warm-up call (a compile)."""
+    loop at ``batch``, CFG 4 (both halves: the null class or the null caption), top-k 0; ``first_call_s``: each one's warm-up call (a compile)."""
     from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     from vgen.samplers.llamagen_loop import llamagen_generate
     device = next(model.parameters()).device
-    labels = torch.arange(batch, device=device) % CLASSES
+    labels = conditions(model, batch)
     runs = [("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
             ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))]
     if compile:
@@ -153,7 +175,8 @@ def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
 
 def run(cfg, done=None) -> dict:
     """Every shape x dtype: the pass-cost table and AR against the official loop at each batch size. ``done``, if
-    given, is called with the result so far after each batch size's AR cell (a partial result has fewer cells)."""
+    given, is called with the result so far after each shape's pass costs and after each batch size's AR cell (a
+    partial result has fewer cells)."""
     from tqdm.auto import tqdm
 
     from vgen import validate
@@ -179,6 +202,8 @@ def run(cfg, done=None) -> dict:
                 entry["pass_cost_graphed"] = {str(w): s / g[1] for w, s in g.items()}
             entry["ar"] = {}
             result["shapes"].setdefault(name, {})[str(dtype).removeprefix("torch.")] = entry
+            if done is not None:  # the pass costs, before the AR cells (the slow part)
+                done(result)
             for b in batches:
                 entry["ar"][str(b)] = ar_speed(model, int(b), bool(cfg.compile), repeats)
                 if done is not None:  # a run stopped at its time limit keeps the cells it measured

@@ -3,9 +3,11 @@
 At decode time a linear sees a handful of rows (batch x CFG), so it is bound by streaming the weight.
 On CPU, MKL streams a row-major weight ~1.5-1.9x faster as ``W @ x^T`` than as ``x @ W^T`` (what
 ``F.linear`` does) for up to a few dozen rows; for more rows (training, prefill) ``F.linear`` wins.
-That is a measurement of CPUs: on any other device (CUDA's cuBLAS picks its own kernel for small rows, and the
-transposes would be two more launches) it is plain ``F.linear``. Same parameters and state-dict keys as
-``nn.Linear``.
+That is a measurement of CPUs: on any other device it is plain ``F.linear``. On an H200 (docs/benchmarks-gpu.md)
+``W @ x^T`` won at 8 rows of a 256-wide float32 layer (4x, where cuBLAS's float32 kernel choice was poor) but
+lost at 2-4 rows in every dtype and at 8 rows of GPT-XL's float32 layers; TF32 fixed the 8-row case instead
+(:mod:`vgen.kernels.precision`). :data:`SMALL_ROWS` is per device type, so such a measurement can try it. Same
+parameters and state-dict keys as ``nn.Linear``.
 """
 from __future__ import annotations
 
@@ -13,12 +15,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SMALL_ROWS = 64
+SMALL_ROWS = {"cpu": 64}  # device type -> the most rows run as W @ x^T (a type not named: never)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
-    if (x.device.type != "cpu" or rows > SMALL_ROWS or x.requires_grad
+    if (rows > SMALL_ROWS.get(x.device.type, 0) or x.requires_grad
             or weight.requires_grad and torch.is_grad_enabled()):
         return F.linear(x, weight, bias)
     y = torch.mm(weight, x.reshape(rows, x.shape[-1]).t()).t()
