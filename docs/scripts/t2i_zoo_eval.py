@@ -15,9 +15,12 @@
         > result.json
 
 A second argument scores the subjects (and the judge's ceiling) again with that classifier too (``*_other_judge``):
-how the 2026-11-27 judge compares with the one before it on the same samples.
+how the 2026-11-27 judge compares with the one before it on the same samples. ``SAMPLES`` (default 8) and ``SEED``
+(default 0) in the environment set the samples per prompt and the first seed of the prompt sets' samples: a second
+look at a result with other seeds and more samples.
 """
 import json
+import os
 import sys
 import time
 
@@ -27,11 +30,12 @@ import vgen
 import vgen.eval
 from vgen.data.captions import captioned_photos, prompt_set
 
-SAMPLES = 8
+SAMPLES = int(os.environ.get("SAMPLES", "8"))
+SEED = int(os.environ.get("SEED", "0"))
 name = sys.argv[1] if len(sys.argv) > 1 else "photos-t2i"
 other = sys.argv[2] if len(sys.argv) > 2 else None
 pipe = vgen.load_pipeline(name)
-out = {"model": name, "samples_per_prompt": SAMPLES}
+out = {"model": name, "samples_per_prompt": SAMPLES, "seed": SEED}
 t0 = time.time()
 
 
@@ -43,7 +47,7 @@ def run(prompts, seed=0):
 for kind in ("subject", "heldout", "colour", "brightness"):
     ps = [p for p, _ in prompt_set(kind, 16, 0)]
     prompts = [p for p in ps for _ in range(SAMPLES)]
-    images = run(prompts)
+    images = run(prompts, seed=SEED)
     acc = vgen.eval.prompt_accuracy(images, prompts)
     out[kind] = {"prompts": len(ps), **acc}
     print(kind, json.dumps(acc), file=sys.stderr)
