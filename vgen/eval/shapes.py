@@ -147,7 +147,8 @@ def pass_cost_graphed(model, widths: list[int], repeats: int, replays: int = 20)
 @torch.inference_mode()
 def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
     """ms per token of vgen's ar (``compile``; compiled runs also eager, ``vgen_eager``) and of the official-style
-    loop at ``batch``, CFG 4 (both halves: the null class or the null caption), top-k 0; ``first_call_s``: each one's warm-up call (a compile)."""
+    loop at ``batch``, CFG 4 (both halves: the null class or the null caption), top-k 0; ``first_call_s``: each
+    one's warm-up call (a compile)."""
     from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     from vgen.samplers.llamagen_loop import llamagen_generate

@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import vgen
+from vgen.conditions import examples
 from vgen.kernels import linear
 
 if os.environ.get("WXT"):
@@ -52,9 +53,7 @@ def sync():
 def main(path: str) -> None:
     from torch._dynamo.utils import counters
     pipe = vgen.load_pipeline(MODEL, device=DEVICE)
-    text = pipe.card.conditioning == "text" if hasattr(pipe.card, "conditioning") else False
-    cond = (dict(prompts=[p for p in pipe.card.example_prompts][:1] * BATCH) if text else
-            dict(labels=[i % 16 for i in range(BATCH)]))
+    cond = examples(pipe.card, BATCH).record()  # the card's classes or example prompts in turn
     out = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch": torch.__version__,
            "model": MODEL, "batch": BATCH, "small_rows": dict(linear.SMALL_ROWS),
            "tf32": torch.backends.cuda.matmul.allow_tf32, "cells": {}}

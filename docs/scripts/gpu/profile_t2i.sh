@@ -1,20 +1,9 @@
 #!/usr/bin/env bash
-# One GPU run (2026-11-28 session): where sjd's compiled pass at batch 1 spends its time (pass_profile.py on
+# One GPU run (2026-11-27, the third H200 loan): where sjd's compiled pass at batch 1 spends its time (pass_profile.py on
 # photos-gpt), then LlamaGen-T2I's GPT-XL shapes (random weights, bfloat16): pass cost eager and as CUDA graphs, AR
 # compiled against the official eager loop at batch 1 (vgen.eval.shapes, the +experiment=gpu code). T_PROFILE /
 # T_T2I: each part's time limit in seconds (0 skips it); CELLS: pass_profile.py's cells.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:/tmp/site VGEN_CACHE=/tmp/vc PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee $OUT/gpu.txt
-part() {
-  local name=$1 limit=$2; shift 2
-  echo "== $name: $(date +%T), limit ${limit}s"
-  [ "$limit" -gt 0 ] || { echo "(skipped)"; return 0; }
-  timeout "$limit" "$@"
-  echo "== $name ended: rc $?"
-}
+source docs/scripts/gpu/setup.sh
 part "pass profile" "${T_PROFILE:-170}" env TORCH_LOGS=perf_hints DEVICE=cuda BATCH=${BATCH:-1} \
   python3 docs/scripts/gpu/pass_profile.py $OUT/pass_profile.json 2> $OUT/pass_profile.err
 grep -i "skip\|error\|Traceback" $OUT/pass_profile.err | head -n 20

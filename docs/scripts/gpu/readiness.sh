@@ -5,19 +5,7 @@
 # Each part has its own time limit and writes into $OUT as it ends. The lent machines have PyTorch but not Hydra:
 # the wheels come from .whl/ (README of the device tool). SHAPES / SHAPE_BATCHES / SHAPE_REPEATS / ZOO_BATCHES override
 # the sizes, TESTS the test files; T_TESTS / T_ZOO / T_SHAPES / T_PROBE are each part's time limit in seconds (0 skips the part).
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:/tmp/site VGEN_CACHE=/tmp/vc PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"; nproc; } 2>&1 | tee $OUT/gpu.txt
-
-part() {  # part NAME SECONDS COMMAND...: runs COMMAND under its limit unless SECONDS is 0
-  local name=$1 limit=$2; shift 2
-  echo "== $name: $(date +%T), limit ${limit}s"
-  [ "$limit" -gt 0 ] || { echo "(skipped)"; return 0; }
-  timeout "$limit" "$@"
-  echo "== $name ended: rc $?"
-}
+source docs/scripts/gpu/setup.sh
 
 part "cuda tests" "${T_TESTS:-150}" python3 -m pytest -m cuda -p no:cacheprovider -q -n 8 --durations=8 \
   ${TESTS:-tests/test_cuda_graphs.py tests/test_host_syncs.py tests/test_speculative.py tests/test_train.py} 2>&1 \
