@@ -488,22 +488,30 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
 
 def test_eagle_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     """eagle window=auto in a job smaller than TIMED_JOB_RATIO x the timing's samples, as sjd: no timing (nothing
-    cached), the small-job chain (its tokens exactly), or a tree as given; a job that repays it is timed."""
+    cached), the prior's chain width or AR's loop (its tokens exactly), or with a tree the tree or AR's loop; a job
+    that repays it is timed."""
     from vgen.samplers.base import sampling_job
     from vgen.samplers.spec import widths
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    from vgen.samplers.spec import prior
     monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
+    monkeypatch.setattr(prior, "PRIOR_BUDGET", 1e6)  # as a long job's budget (the tiny model's 32 tokens are short)
     kw = dict(cfg_scale=2.0, top_k=10, draft=make_drafter(tiny_gpt, seed=1))
+
+    def as_chosen(st, **more):
+        if st["window"] == 1:
+            return sample(tiny_gpt, [0, 1], "ar", seed=2, cfg_scale=2.0, top_k=10)[0]
+        return sample(tiny_gpt, [0, 1], "eagle", seed=2, window=st["window"], **more, **kw)[0]
     small, st = sample(tiny_gpt, [0, 1], "eagle", seed=2, **kw)
-    fixed, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, window=widths.SMALL_JOB_WINDOW, **kw)
-    assert torch.equal(small, fixed) and st["mean_window"] == widths.SMALL_JOB_WINDOW
-    tree, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, tree="2,1", **kw)
-    want, _ = sample(tiny_gpt, [0, 1], "eagle", seed=2, tree="2,1", window=4, **kw)
-    assert torch.equal(tree, want)
+    assert st["window_rule"] == "prior" and st["window"] in (1, 2, 3, 4, 6, 8)
+    assert torch.equal(small, as_chosen(st))
+    tree, st = sample(tiny_gpt, [0, 1], "eagle", seed=2, tree="2,1", **kw)
+    assert st["window_rule"] == "prior" and st["window"] in (1, 5)  # the tree's 4 nodes + 1, or AR's loop
+    assert torch.equal(tree, as_chosen(st, tree="2,1"))
     assert not (tmp_path / "spec_speed.json").exists()
     with sampling_job(widths.TIMED_JOB_RATIO * widths.timing_samples([2, 3], 2), 2):
-        sample(tiny_gpt, [0, 1], "eagle", seed=2, max_window=3, **kw)
-    assert (tmp_path / "spec_speed.json").exists()
+        _, st = sample(tiny_gpt, [0, 1], "eagle", seed=2, max_window=3, **kw)
+    assert (tmp_path / "spec_speed.json").exists() and st["window_rule"] == "timed"
 
 
 # ---- static trees ------------------------------------------------------------------------------------------------

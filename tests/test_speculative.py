@@ -432,21 +432,31 @@ def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_
 
 def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     """window=auto in a job smaller than TIMED_JOB_RATIO x the timing's samples: no timing (nothing cached), the
-    small-job width (its tokens exactly); a job large enough, one whose timing is cached, or any job inside
-    ``time_any_job`` (vgen bench's cells) times / uses it."""
+    prior's width (its tokens exactly, its pass costs and tokens per pass cached, the stats naming it); a job large
+    enough, one whose timing is cached, or any job inside ``time_any_job`` (vgen bench's cells) times / uses it."""
     from vgen.samplers.base import sampling_job
     from vgen.samplers.spec import widths
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    from vgen.samplers.spec import prior
     monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
     kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
     need = widths.TIMED_JOB_RATIO * widths.timing_samples([2, 4], 2)
+    _, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)  # 32 tokens: too short a job to measure tokens per pass
+    assert (st["window_rule"], st["window"]) in (("fallback", 1), ("prior", 1))
+    monkeypatch.setattr(prior, "PRIOR_BUDGET", 1e6)  # as a long job's budget
     small, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
-    fixed, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=widths.SMALL_JOB_WINDOW, **kw)
-    assert torch.equal(small, fixed) and st["mean_window"] == widths.SMALL_JOB_WINDOW
-    assert not (tmp_path / "spec_speed.json").exists()
+    assert st["window_rule"] == "prior" and st["window"] in (1, 2, 4) and st["window_seconds"] > 0
+    if st["window"] == 1:
+        fixed, _ = sample(tiny_gpt, [0, 1], "ar", seed=2, top_k=10, cfg_scale=2.0)
+    else:
+        fixed, _ = sample(tiny_gpt, [0, 1], "sjd", seed=2, window=st["window"], **kw)
+    assert torch.equal(small, fixed)
+    assert not (tmp_path / "spec_speed.json").exists() and (tmp_path / "pass_costs.json").exists()
+    again, st2 = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)  # the prior's tables are cached: the same choice
+    assert torch.equal(again, small) and st2["window"] == st["window"]
     with widths.time_any_job():  # vgen bench: a small cell stands for large jobs, timed
-        sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
-    assert (tmp_path / "spec_speed.json").exists()
+        _, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
+    assert (tmp_path / "spec_speed.json").exists() and st["window_rule"] == "timed"
     (tmp_path / "spec_speed.json").unlink()
     with sampling_job(need, 2):  # a job that repays the timing: timed (then cached for every job)
         sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
@@ -454,7 +464,36 @@ def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     (speed,) = json.loads((tmp_path / "spec_speed.json").read_text()).values()
     cached, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)  # small again, but the timing is known
     assert st["mean_window"] == widths.timed_choice({int(w): v for w, v in speed.items()})
+    assert st["window_rule"] == "cached" and st["window"] == widths.timed_choice(
+        {int(w): v for w, v in speed.items()})
+    from vgen.samplers.speculative import SpeculativeSampler
+    monkeypatch.setattr(SpeculativeSampler, "plain_ar", lambda self, *a, **k: (None, {}))  # (no compile here)
+    _, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **{**kw, "max_window": 8}, compile=True)
+    assert st["window_rule"] == "fallback" and st["window"] == 1  # compiled, nothing cached: AR's loop, no compile
 
+
+def test_prior_chooses_ar_where_wide_passes_cost_too_much():
+    """The small-job rule on synthetic cost tables shaped like this project's 2-core CPU (photos-gpt, eager, pass
+    costs in ms): at batch 8 a wide pass costs 1.4-2.8x AR's step and no width pays at sjd's tokens per pass, so the
+    prior runs AR's loop; at batch 1 passes cost little more than AR's step and the widest pays. The margin is
+    larger past batch 1, where one pass's cost misses the scheduler's work and the wait for a batch's slowest
+    sample."""
+    from vgen.samplers.spec.prior import PRIOR_BATCH_MARGIN, PRIOR_MARGIN, prior_choice, tokens_at
+    sjd = {2: 1.31, 4: 1.68, 8: 1.87}  # sjd's tokens per pass on photos-gpt at fixed widths
+    batch8 = {0: 7.9, 2: 11.2, 4: 14.8, 8: 21.4}
+    batch1 = {0: 4.4, 2: 5.2, 4: 6.3, 8: 6.8}
+    assert prior_choice(batch8, sjd, 8) == 1
+    assert prior_choice(batch8, {2: 2.0, 4: 4.0, 8: 8.0}, 8) == 8  # every draft passing would pay
+    assert prior_choice(batch1, {2: 1.31, 4: 1.68, 8: 2.6}, 1) == 8
+    assert prior_choice(batch1, sjd, 1) == 8  # 1.87 * 4.4 / 6.8 = 1.21: the best tokens per cost, past the margin
+    assert prior_choice({0: 4.4, 2: 5.2, 4: 6.3, 8: 8.0}, sjd, 1) == 4  # 1.68 * 4.4 / 6.3 = 1.17
+    gain = 1.87 * 4.4 / 6.8
+    assert (gain >= PRIOR_MARGIN) == (prior_choice(batch1, {8: 1.87}, 1) == 8)
+    assert prior_choice(batch1, {8: 1.87}, 2) == (8 if gain >= PRIOR_BATCH_MARGIN else 1)
+    assert prior_choice({0: 1.0}, {}, 1) == 1
+    # a wider run's passes credited to a narrower width: each pass of c tokens takes ceil(c / w) passes
+    assert tokens_at({1: 2, 4: 2}, 4) == 10 / 4 and tokens_at({1: 2, 4: 2}, 2) == 10 / 6
+    assert tokens_at({1: 2, 4: 2}, 1) == 1.0 and tokens_at({}, 4) == 1.0
 
 def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
     """scd's job rule prices widths from per-pass costs: measured once per settings and job batch, cached."""

@@ -10,9 +10,13 @@ A sampler's stats (per run of N samples):
 * per-sample means, weighted by the part's samples: ``nll``, ``accepted_per_step``, ``acceptance_rate``,
   ``kv_fraction``, ``kv_kept_fraction``;
 * per-stage lists (the largest part's value per stage): ``kv_kept_bytes_per_scale``;
+* counts per entry, added up entry by entry: ``pass_histogram`` (a speculative sampler's passes that decided 1, 2,
+  ... tokens);
 * tensors, concatenated: ``step_map``.
 
-Anything else (strings, option dicts) is carried from the first part.
+Anything else (strings, option dicts) is carried from the first part. Labels kept in every record
+(:func:`numeric`): ``window_rule``, how a speculative sampler's ``window`` was chosen (fixed, timed, cached,
+prior, fallback, job, per-pass).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ SUMMED = ("forward_passes", "tokens", "seconds", "num_samples", "sample_seconds"
           "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds", "draft_seconds",
           "verify_seconds")
 LARGEST = ("kv_cache_bytes", "kv_full_bytes")
+SUMMED_LISTS = ("pass_histogram",)
 
 
 def merge_stats(parts: list[tuple[dict, int]]) -> dict:
@@ -37,6 +42,8 @@ def merge_stats(parts: list[tuple[dict, int]]) -> dict:
             out[k] = sum(v for v, _ in vals)
         elif k in LARGEST:
             out[k] = max(v for v, _ in vals)
+        elif k in SUMMED_LISTS:
+            out[k] = [sum(x) for x in zip(*[v for v, _ in vals])]
         elif isinstance(first, list):
             out[k] = [max(x) for x in zip(*[v for v, _ in vals])]
         elif isinstance(first, (int, float)) and not isinstance(first, bool):
@@ -47,6 +54,11 @@ def merge_stats(parts: list[tuple[dict, int]]) -> dict:
     return out
 
 
+LABELS = ("window_rule",)
+
+
 def numeric(stats: dict) -> dict:
-    """The JSON-able numbers of a stats dict (no tensors, no nested options)."""
-    return {k: v for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The JSON-able numbers of a stats dict (no tensors, no nested options), its :data:`LABELS` and its
+    :data:`SUMMED_LISTS`."""
+    return {k: v for k, v in stats.items() if (isinstance(v, (int, float)) and not isinstance(v, bool))
+            or (k in LABELS and isinstance(v, str)) or (k in SUMMED_LISTS and isinstance(v, list))}

@@ -128,6 +128,8 @@ class BenchSchema:
     num_samples: int = at_least(8, 1)  # images per cell and repeat, generated in batches of batch_size
     repeats: int = at_least(3, 1)
     warmup: bool = True
+    warmup_samples: Optional[int] = at_least(None, 1)  # the warm-up round's images per cell (null: num_samples)
+    as_jobs: bool = False  # window=auto as a job of num_samples decides it (small: the prior), not as a large job's
     seed: int = 0
     baseline: bool = True  # include the official-style LlamaGen generate() loop
     compile: bool = True

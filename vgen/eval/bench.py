@@ -7,6 +7,7 @@ ratios within the run, table, JSON, plot).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
@@ -173,17 +174,18 @@ def run(p: Plan) -> tuple[dict, dict]:
     cfg = p.cfg
     pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
 
-    def run_cell(m, v, b):
-        """num_samples images (the card's examples in turn: labels i % classes, or its example prompts; seeds
-        seed + i), at most b per forward pass (speculative samplers refill a finished sample's slot with the next
-        one)."""
+    def run_cell(m, v, b, n):
+        """n images (the card's examples in turn: labels i % classes, or its example prompts; seeds seed + i), at
+        most b per forward pass (speculative samplers refill a finished sample's slot with the next one)."""
         from vgen.conditions import examples
-        pipe, n = pipes[m], cfg.num_samples
+        pipe = pipes[m]
         name, o = p.sampler_options(v, m)
         sampler = pipe.make_sampler(name, **o)
         cond = pipe.encode(examples(pipe.card, n))
         t0 = time.perf_counter()
-        with time_any_job():  # window=auto as a large job runs it: timed, not the small-job width
+        # window=auto as a large job runs it (timed), or with as_jobs as a job of n samples would (a small one: the
+        # prior, vgen.samplers.spec.prior)
+        with contextlib.nullcontext() if cfg.get("as_jobs", False) else time_any_job():
             _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
         per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
         return {**numeric(st), **per_depth, "seconds": time.perf_counter() - t0}
@@ -191,14 +193,17 @@ def run(p: Plan) -> tuple[dict, dict]:
     runs = {c: [] for c in p.cells}
     mem = {c: {} for c in p.cells}
     first = 0 if cfg.get("warmup", True) else 1  # round 0 is the untimed warm-up
+    warmup_n = cfg.get("warmup_samples") or cfg.num_samples
     with tqdm(total=len(p.cells) * (cfg.repeats + 1 - first), desc="bench", unit="run") as bar:
         for rep in range(first, cfg.repeats + 1):
             for c in p.cells:
                 t0 = time.perf_counter()
                 with RssPeak() as peak:
-                    r = run_cell(*c)
+                    r = run_cell(*c, cfg.num_samples if rep else min(cfg.num_samples, warmup_n))
                 if rep == 0:
                     mem[c]["warmup_seconds"] = time.perf_counter() - t0
+                    if "window_seconds" in r:  # window=auto's choice from what the cache held at the start
+                        mem[c]["window_seconds_first"] = r["window_seconds"]
                 else:
                     runs[c].append(r)
                 mem[c]["peak_rss_mb"] = max(mem[c].get("peak_rss_mb", 0.0), peak.peak)
@@ -233,7 +238,8 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                **measured["mem"][(m, v, b)], **quality.get((m, v), {}), **quality.get((m, v, b), {})}
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
                   "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
-                  "draft_seconds", "verify_seconds", "accepted_by_depth"):
+                  "draft_seconds", "verify_seconds", "accepted_by_depth", "window", "window_rule", "window_seconds",
+                  "pass_histogram"):
             if k in r0:
                 row[k] = r0[k]
         rows.append(row)
@@ -241,9 +247,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
     rep = {
         "command": "vgen bench " + " ".join(command_line()),
         "config": OmegaConf.to_container(cfg, resolve=True),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "cuda_tf32": torch.backends.cuda.matmul.allow_tf32},
+        "machine": machine(),
         "peak_rss_mb": _peak_rss_mb(),
         "sampling": {m: p.cards[m].sampling for m in cfg.models},
         "rows": rows,
@@ -259,6 +263,27 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
     return rep
 
 
+def machine() -> dict:
+    """What a bench JSON records of the machine and code that measured it: the CPU's model name and cores, the GPU's
+    name where CUDA is up, threads, torch, TF32, and vgen's commit (where it runs from a git checkout)."""
+    import subprocess
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu, "cores": os.cpu_count(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cuda_tf32": torch.backends.cuda.matmul.allow_tf32, "vgen_commit": commit}
+
+
 def _ratios(rows: list[dict], p: Plan) -> None:
     """Ratios within the run: against the fidelity reference setting, the official loop and AR (of the same
     model, or of the model the card compares it to: photos-nar against photos-gpt)."""
@@ -271,7 +296,7 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                 r["speedup_vs_ref"] = base["seconds"] / r["seconds"]
                 r["kv_vs_ref"] = r["kv_cache_bytes"] / base["kv_cache_bytes"]
                 r["rss_vs_ref"] = r["peak_rss_mb"] / base["peak_rss_mb"]
-        for ref in (BASELINE, "ar"):
+        for ref in (BASELINE, same_mode_ar(r["sampler"], {x["sampler"] for x in rows})):
             for m in (r["model"], p.cards[r["model"]].compare_to or None):
                 base = next((x for x in rows if x["model"] == m and x["batch_size"] == r["batch_size"]
                              and x["sampler"] == ref), None)
@@ -279,6 +304,8 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                     break
             if base is None:
                 continue
+            if ref != BASELINE:
+                r["ar_setting"], ref = ref, "ar"
             r[f"speedup_vs_{ref}"] = base["seconds"] / r["seconds"]
             if ref == "ar":
                 if base is not r:
@@ -290,6 +317,13 @@ def _ratios(rows: list[dict], p: Plan) -> None:
                 for k in ("fid_photo", "fvd_photo"):
                     if k in r and k in base:
                         r[f"{k}_vs_ar"] = r[k] / base[k]
+
+
+def same_mode_ar(setting: str, settings: set[str]) -> str:
+    """The AR setting a setting is compared with: ``ar:compile=false`` for an eager setting where the run has it (eager
+    against eager), else ``ar``."""
+    eager = parse_variant(setting)[1].get("compile") is False
+    return "ar:compile=false" if eager and "ar:compile=false" in settings else "ar"
 
 
 def paired_speedup(base_seconds: list[float], seconds: list[float]) -> dict:

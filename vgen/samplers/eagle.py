@@ -39,10 +39,9 @@ from vgen.kernels.sampling import cumsum, sample_from_probs
 from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
 from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
 from vgen.models.drafter import Drafter, InferenceHead
-from vgen.samplers.base import job_shape, option, register_sampler
+from vgen.samplers.base import option, register_sampler
 from vgen.samplers.spec.rules import BlockRule, GSDRuleOptions, LanternRuleOptions, TokenRule
 from vgen.samplers.spec.scheduler import SlotState, StepConfig, advance
-from vgen.samplers.spec.widths import SMALL_JOB_WINDOW, timed_width
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 
 ACCEPT = ("exact", "lantern", "gsd")
@@ -426,24 +425,19 @@ class EagleSampler(SpeculativeSampler):
         return (draft.drafter.digest(),)
 
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
-        o = self.options
-        tree_window = self.tree_window()
-        if o.window == "auto" or (tree_window and o.window != tree_window):  # one width for the job, or AR's loop
-            samples, job_batch = job_shape(cond.shape[0], batch_size)
-            b = min(samples, job_batch)
-            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.run_width(
-                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
-                progress=progress) if o.window == "auto" else tree_window
-            if w is None:  # a job smaller than the timing would be: the tree, or a fixed chain, untimed
-                w = tree_window or min(SMALL_JOB_WINDOW, o.max_window)
-            if w == 1:
-                return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
-            return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
-        return self.decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        if self.options.window == "auto":  # one width for the job (the tree, with one), or AR's loop
+            return self.run_auto(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        w = self.tree_window() or self.options.window  # a fixed window: the chain's, or the tree whatever its value
+        return self.run_chosen(w, "fixed", model, cond, seeds, progress, batch_size, codebook, prefix, draft)
 
-    def decode(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None, width=None):
+    def pass_depth(self, window: int) -> int:
+        return max(map(len, parse_tree(self.options.tree))) + 1 if self.options.tree else window
+
+    def decode(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None, width=None,
+               max_seconds=None):
         """The scheduler's run, plus the fraction of passes whose drafts were accepted to each depth."""
-        tokens, stats = super().decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft, width)
+        tokens, stats = super().decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft, width,
+                                       max_seconds)
         o = self.options
         depth = max(map(len, parse_tree(o.tree))) if o.tree else o.window - 1  # a tree's deepest path
         stats["accepted_by_depth"] = accepted_by_depth(stats["step_map"], depth)

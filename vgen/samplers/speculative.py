@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 
 from vgen.errors import VGenError
@@ -31,8 +32,9 @@ from vgen.samplers.base import Sampler, SamplingOptions, get_sampler, job_shape,
 from vgen.samplers.spec.jacobi import JacobiDrafts, JacobiOptions
 from vgen.samplers.spec.rules import TokenRule
 from vgen.samplers.spec.scheduler import Scheduler, StepConfig
-from vgen.samplers.spec.widths import (SMALL_JOB_WINDOW, WIDTHS, WidthPolicy, best_job_width, can_pay, parse_costs,
-                                       pass_costs, pass_tokens, timed_width)
+from vgen.samplers.spec.prior import prior_width
+from vgen.samplers.spec.widths import (WIDTHS, WidthPolicy, best_job_width, can_pay, parse_costs, pass_costs,
+                                       pass_tokens, timed_width, worth_timing)
 
 
 @dataclass
@@ -120,9 +122,9 @@ class SpeculativeSampler(Sampler):
         return self.fixed(window).decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
 
     def decode(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None,
-               width: WidthPolicy | None = None):
+               width: WidthPolicy | None = None, max_seconds: float | None = None):
         """One run of the scheduler at this sampler's fixed window (or, with ``width``, per-sample widths up to
-        ``max_window``)."""
+        ``max_window``); ``max_seconds``: cut short (:meth:`Scheduler.run`)."""
         o = self.options
         widest = o.max_window if width is not None else o.window
         config = self.step_config(model, widest)
@@ -130,37 +132,74 @@ class SpeculativeSampler(Sampler):
         scheduler = Scheduler(model, self.draft_source(model, config, slots, draft), self.acceptance(model, codebook),
                               config, slots=slots, compile=o.compile, prefix_attention=o.prefix_attention,
                               name=self.name, width=width)
-        return scheduler.run(cond, seeds, progress, prefix)
+        return scheduler.run(cond, seeds, progress, prefix, max_seconds)
 
     def _run(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
         o = self.options
-        if o.window != "auto":
-            return self.decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
-        samples, job_batch = job_shape(cond.shape[0], batch_size)  # the job's batch: one choice for all its calls
         given = getattr(o, "costs", "")
-        if self.width_rule == "timed" and not given:  # one timed width for the job, or AR's loop
-            b = min(samples, job_batch)
-            w = timed_width(self, model, self.timed_widths(), b, lambda w, c, s: self.run_width(
-                w, model, c, s, b, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
-                progress=progress)
-            if w is None:  # a job smaller than the timing would be: a fixed width, no timing
-                w = min(SMALL_JOB_WINDOW, o.max_window)
-            if w == 1:
-                return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
-            return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
-        cost_batch = 1 if given else min(samples, job_batch)  # given costs: one sample's (batch-invariant)
-        costs = parse_costs(given) if given else self.measured_costs(model, cost_batch, codebook)
-        costs = {w: c for w, c in costs.items() if w <= o.max_window}
-        job = self.width_rule == "job"  # one width for all: every sample widens with the others
-        if not can_pay(costs, 1 if job else cost_batch):  # no width pays even if every draft passes: AR's loop
-            return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
-        if job:
-            w = best_job_width(costs, pass_tokens(self, model, [w for w in costs if w > 1], codebook))
-            if w == 1:
-                return self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
-            return self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
-        return self.decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft,
-                           width=lambda: WidthPolicy(costs, cost_batch))
+        samples, job_batch = job_shape(cond.shape[0], batch_size)  # the job's batch: one choice for all its calls
+        b = min(samples, job_batch)
+        if o.window != "auto":
+            w, rule = o.window, "fixed"
+        elif given and self.width_rule == "timed":  # each sample's width before every pass, from the given costs
+            return self.per_pass(model, cond, seeds, progress, batch_size, codebook, prefix, draft, given)
+        elif self.width_rule == "job" and (given or worth_timing(self.timed_widths(), b, samples)):
+            w, rule = self.job_width(model, b, codebook, given), "job"
+        else:
+            return self.run_auto(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        return self.run_chosen(w, rule, model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+
+    def run_auto(self, model, cond, seeds, progress, batch_size, codebook=None, prefix=None, draft=None):
+        """window=auto's one width for the job (:meth:`auto_width`), then the run; the stats add the seconds the
+        choice took (``window_seconds``: a timing, a prior's pass costs, or a cache read)."""
+        samples, job_batch = job_shape(cond.shape[0], batch_size)
+        t0 = time.perf_counter()
+        w, rule = self.auto_width(model, min(samples, job_batch), samples, codebook, draft, progress)
+        chose = time.perf_counter() - t0
+        tokens, stats = self.run_chosen(w, rule, model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        return tokens, {**stats, "window_seconds": chose}
+
+    def run_chosen(self, w: int, rule: str, model, cond, seeds, progress, batch_size, codebook=None, prefix=None,
+                   draft=None):
+        """Sample at width ``w`` (1: AR's loop), the stats naming the width and how it was chosen (``rule``)."""
+        if w == 1:
+            tokens, stats = self.plain_ar(model, cond, seeds, progress, batch_size, prefix)
+        else:
+            tokens, stats = self.run_width(w, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
+        return tokens, {**stats, "window": w, "window_rule": rule}
+
+    def auto_width(self, model, batch: int, samples: int, codebook=None, draft=None,
+                   progress: bool = False) -> tuple[int, str]:
+        """window=auto's one width for a job of ``samples`` samples, ``batch`` per pass (1: AR's loop), and how it
+        was chosen: "timed" or "cached" (:func:`~vgen.samplers.spec.widths.timed_width`), or for a job too small to
+        repay the timing "prior" or "fallback" (:func:`~vgen.samplers.spec.prior.prior_width`)."""
+        timed = timed_width(self, model, self.timed_widths(), batch, lambda w, c, s: self.run_width(
+            w, model, c, s, batch, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
+            progress=progress)
+        return timed if timed is not None else prior_width(self, model, batch, samples, codebook, draft)
+
+    def job_width(self, model, batch: int, codebook=None, given: str = "") -> int:
+        """The job rule (``width_rule = "job"``): one width from pass costs (``given``, else measured for ``batch``)
+        and calibrated tokens per pass; 1 where none beats a plain step."""
+        costs = parse_costs(given) if given else self.measured_costs(model, 1 if given else batch, codebook)
+        costs = {w: c for w, c in costs.items() if 1 <= w <= self.options.max_window}
+        if not can_pay(costs, 1):  # no width pays even if every draft passes
+            return 1
+        return best_job_width(costs, pass_tokens(self, model, [w for w in costs if w > 1], codebook))
+
+    def per_pass(self, model, cond, seeds, progress, batch_size, codebook, prefix, draft, given: str):
+        """window=auto with given relative costs: each sample's width before every pass
+        (:class:`~vgen.samplers.spec.widths.WidthPolicy`; batch-invariant: the costs are one sample's)."""
+        costs = {w: c for w, c in parse_costs(given).items() if w <= self.options.max_window}
+        if not can_pay(costs, 1):  # no width pays even if every draft passes: AR's loop
+            return self.run_chosen(1, "per-pass", model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        tokens, stats = self.decode(model, cond, seeds, progress, batch_size, codebook, prefix, draft,
+                                    width=lambda: WidthPolicy(costs, 1))
+        return tokens, {**stats, "window_rule": "per-pass"}
+
+    def pass_depth(self, window: int) -> int:
+        """The most tokens one pass of ``window`` can decide (a chain: all of them)."""
+        return window
 
     def timing_ident(self, draft) -> tuple:
         """What besides the model and options identifies a timed run (e.g. a draft head's digest)."""
@@ -172,6 +211,12 @@ class SpeculativeSampler(Sampler):
         config = self.step_config(model, o.max_window)
         source = self.draft_source(model, config, batch)
         step = compiled(source.step_fn, device=next(model.parameters()).device.type) if o.compile else source.step_fn
-        key = (self.name, o.compile, o.top_k > 0, o.top_p < 1, o.init, o.fresh_q, o.coupling)
         return pass_costs(model, step, config, self.acceptance(model, codebook), source.step_args,
-                          [w for w in WIDTHS if w <= o.max_window], batch=batch, key=key)
+                          [w for w in WIDTHS if w <= o.max_window], batch=batch, key=self.cost_key(o.compile))
+
+    def cost_key(self, compile_: bool, draft=None) -> tuple:
+        """What identifies this sampler's pass costs besides the model, machine and batch: its name, eager or
+        compiled, every option but the width's, and :meth:`timing_ident`."""
+        skip = ("window", "max_window", "costs", "compile")
+        settings = {k: v for k, v in dataclasses.asdict(self.options).items() if k not in skip}
+        return (self.name, "compiled" if compile_ else "eager", sorted(settings.items()), *self.timing_ident(draft))

@@ -101,6 +101,21 @@ class DraftSource(Protocol):
         states; only the ``refilled`` rows are kept."""
 
 
+def pass_histogram(step_map: torch.Tensor, width: int) -> list[int]:
+    """How many passes decided 1, 2, ..., ``width`` tokens, from a step map (N, T: the pass that decided each of a
+    sample's first T tokens, counted from the sample's prefill). The prefill's token and each sample's last pass
+    (cut short by the end of the image) are left out."""
+    if step_map.numel() == 0:
+        return [0] * width
+    sm = step_map.long()
+    sm = sm - sm[:, :1]  # the prefill's pass: 0 (tokens are decided left to right: passes never decrease)
+    per_pass = torch.zeros(sm.shape[0], int(sm.max()) + 1, dtype=torch.long, device=sm.device).scatter_add_(
+        1, sm, torch.ones_like(sm))
+    per_pass[:, 0] = 0
+    per_pass.scatter_(1, sm[:, -1:], 0)
+    return torch.bincount(per_pass.flatten(), minlength=width + 1)[1:width + 1].tolist()
+
+
 def advance(n, k, wv, L: int, counts):
     """After a pass that accepted k drafts per sample: the new decided counts (k + 1 tokens, never past L, none for
     finished samples) and the running (passes, drafts checked, drafts accepted) per sample."""
@@ -122,9 +137,12 @@ class Scheduler:
         self.S, self.compile, self.prefix_attention, self.name, self.new_policy = (slots, compile, prefix_attention,
                                                                                  name, width)
 
-    def run(self, cond: torch.Tensor, seeds: list[int], progress: bool, prefix: torch.Tensor | None = None):
+    def run(self, cond: torch.Tensor, seeds: list[int], progress: bool, prefix: torch.Tensor | None = None,
+            max_seconds: float | None = None):
         """Tokens (N, L) and stats for conditions ``cond`` (N, ...) and ``seeds``; ``prefix`` (N, P): given first
-        tokens (each sample starts at token P)."""
+        tokens (each sample starts at token P). ``max_seconds``: stop at the first pass after that many seconds (a
+        measurement of tokens per pass: the unfinished samples' decided tokens count in ``pass_histogram``, their
+        tokens are not kept)."""
         model, source, c, S = self.model, self.source, self.config, self.S
         t0 = time.perf_counter()
         N, L, D, dev = cond.shape[0], c.L, c.D, cond.device
@@ -152,6 +170,7 @@ class Scheduler:
         policies = [None] * S  # each slot's own width policy (from its own sample's passes only)
         widths = [Wmax] * S
         checked = accepted = prefills = collected = 0
+        collected_ids = []  # the samples collected, in order
         next_sample, it = 0, 0
 
         def fill(slots: list[int]) -> SlotState:
@@ -246,6 +265,7 @@ class Scheduler:
                 i = owner[b]
                 out_tokens[i], out_logp[i] = st.tokens[b, :L], st.logp[b, :L]
                 out_smap[i] = st.smap[b, :L] - start[b]
+                collected_ids.append(i)
                 cb = host[b][1:]
                 passes[i] = cb[0] + 1 + int(P > 0)  # its passes and its prefill (and prefix pass)
                 checked += cb[1]
@@ -260,7 +280,7 @@ class Scheduler:
             done = collected * L + sum(n_host[b] for b in range(S) if owner[b] >= 0)
             bar.update(done - shown)
             shown = done
-            if all(ow < 0 for ow in owner):
+            if all(ow < 0 for ow in owner) or (max_seconds is not None and time.perf_counter() - t0 > max_seconds):
                 break
             if lag:
                 continue
@@ -286,5 +306,11 @@ class Scheduler:
                  "kv_cache_bytes": cache.nbytes, "nll": float(-out_logp[:, P:].mean()),
                  "accepted_per_step": float(((L - P) / torch.tensor(passes, dtype=torch.float64)).mean()),
                  "acceptance_rate": accepted / checked if checked else 0.0,
-                 "mean_window": width_sum / max(width_n, 1), "step_map": out_smap}
+                 "mean_window": width_sum / max(width_n, 1), "step_map": out_smap,
+                 "pass_histogram": pass_histogram(out_smap[collected_ids] if max_seconds is not None else out_smap, Wmax)}
+        if max_seconds is not None:  # cut short: the unfinished samples' decided tokens too
+            for b in range(S):
+                if owner[b] >= 0:
+                    part = pass_histogram((st.smap[b, :n_host[b]] - start[b])[None], Wmax)
+                    stats["pass_histogram"] = [x + y for x, y in zip(stats["pass_histogram"], part)]
         return out_tokens, stats

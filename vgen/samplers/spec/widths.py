@@ -170,11 +170,9 @@ TIMED_MIN_SPREAD = 0.03  # the least standard deviation of a log ratio believed 
 _T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860}  # one-sided 95% t quantiles
 TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
 # A job times the widths only when it has TIMED_JOB_RATIO times the samples the timing draws (or the timing is cached):
-# a smaller one would spend more on timing than any width can save it (96 samples' worth at batch 1, two minutes on
-# a 2-core CPU, for `vgen sample num_samples=1`); it runs at SMALL_JOB_WINDOW instead, the width every speculative
-# sampler gained at on the zoo (docs/samplers.md).
+# a smaller one would spend more on timing than any width can save it (minutes on a 2-core CPU for
+# `vgen sample num_samples=1`); window=auto's prior decides for it instead (vgen.samplers.spec.prior).
 TIMED_JOB_RATIO = 4
-SMALL_JOB_WINDOW = 4
 
 
 _TIME_ANY_JOB: contextvars.ContextVar[bool] = contextvars.ContextVar("vgen_time_any_job", default=False)
@@ -195,6 +193,12 @@ def timing_samples(widths: list[int], batch: int) -> int:
     """The samples the timed rule draws for AR's loop and ``widths`` at ``batch`` in its first rounds (each extra
     round, where the first leave the choice open, times AR's loop and two widths): its cost, in samples."""
     return TIMED_ROUNDS * (1 + len(widths)) * max(TIMED_SAMPLES, batch)
+
+
+def worth_timing(widths: list[int], batch: int, job: int | None) -> bool:
+    """Whether a job of ``job`` samples (None: unknown) repays timing AR's loop and ``widths`` at ``batch``
+    (``TIMED_JOB_RATIO``), or runs inside :func:`time_any_job`."""
+    return job is None or _TIME_ANY_JOB.get() or job >= TIMED_JOB_RATIO * timing_samples(widths, batch)
 
 
 def ratio_bounds(ar: list[float], speeds: list[float]) -> tuple[float, float, float]:
@@ -247,8 +251,8 @@ def timed_rounds(widths: list[int], time_one, more=None) -> dict[int, list[float
 
 
 def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple = (), job: int | None = None,
-                progress: bool = False) -> int | None:
-    """window=auto's timed rule: one width for the job, or 1 for AR's loop. AR's loop (``sampler.plain_ar``) and
+                progress: bool = False) -> tuple[int, str] | None:
+    """window=auto's timed rule: one width for the job, or 1 for AR's loop, and "timed" (timed now) or "cached". AR's loop (``sampler.plain_ar``) and
     ``run(w, cond, seeds)`` (the sampler at fixed width w, ``batch`` samples per pass) for each of ``widths`` are
     timed whole -- target passes, verification, drafting and the loop's host work -- on ``max(TIMED_SAMPLES,
     batch)`` samples of fixed classes and seeds, in ``TIMED_ROUNDS`` interleaved rounds, and AR's loop and the two
@@ -256,7 +260,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
     get one untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
     ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
     threads, torch version, settings and batch; :func:`timed_choice` decides. ``job``: the job's samples; a job too
-    small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing). ``progress``: a bar that says
+    small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing: :mod:`~vgen.samplers.spec.prior`). ``progress``: a bar that says
     what is being timed."""
     import dataclasses
 
@@ -268,8 +272,10 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
         sampler.name, model.config_dict(), [str(i) for i in ident], str(w0.dtype), w0.device.type,
         torch.get_num_threads(), torch.__version__, settings, batch, "rounds", TIMED_ROUNDS, TIMED_MAX_ROUNDS,
         fingerprint(model)])
+    how = "cached"
     if not all(w in known for w in [1] + widths):
-        if job is not None and not _TIME_ANY_JOB.get() and job < TIMED_JOB_RATIO * timing_samples(widths, batch):
+        how = "timed"
+        if not worth_timing(widths, batch, job):
             return None
         k = max(TIMED_SAMPLES, batch)
         cond = example_cond(model, k, w0.device)
@@ -300,7 +306,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
         known.update(speeds)
         table[name] = {str(w): v for w, v in sorted(known.items())}
         atomic_write_json(path, table)
-    return timed_choice({w: known[w] for w in [1] + widths})
+    return timed_choice({w: known[w] for w in [1] + widths}), how
 
 
 class WidthPolicy:
@@ -327,25 +333,28 @@ class WidthPolicy:
 
 
 def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: list[int], key: tuple,
-               batch: int = 1, repeats: int = 7) -> dict[int, float]:
+               batch: int = 1, repeats: int = 7, ar_step=None, new_cache=None) -> dict[int, float]:
     """Seconds per pass of ``step`` (a draft source's step function, compiled or not, with its ``step_args`` and
     the run's ``config`` and ``rule``) at each width for ``batch`` samples, for this model (architecture, dtype,
     device), thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a
     warm-up call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. A wide pass costs more
     against AR's step at a larger batch (more rows, less per-op overhead to hide them), so the batch is the job's
     (:func:`vgen.samplers.base.job_shape`): every call and rank of one job uses one table and draws the same
-    widths."""
+    widths. ``ar_step(cache)``: AR's own step on the same cache, timed among the widths as width 0. ``new_cache(rows)``:
+    the draft source's cache (default: the model's)."""
     S = batch
     from vgen.io import atomic_write_json
     w0 = next(model.parameters())
     path, table, name, known = width_table("pass_costs.json", [
         model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(), torch.__version__,
         [str(k) for k in key], config.cfg, config.D])
+    if ar_step is not None:
+        widths = [0] + list(widths)
     if all(w in known for w in widths):
         return known
     L, D, dev, V = config.L, config.D, w0.device, model.vocab_size
     rows = 2 * S if config.cfg else S
-    cache = model.new_cache(rows)
+    cache = new_cache(rows) if new_cache is not None else model.new_cache(rows)
     cache.limit(None)
     model.prefill(example_cond(model, rows, dev), cache)
     n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
@@ -363,8 +372,10 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
         for w in widths:
             cache.limit(cache.bucket(seen))
             t0 = time.perf_counter()
-            out = step(model, cache, state, torch.full_like(n, w), u, it, w, config, rule, **step_args)
-            out.n.tolist()  # wait for the device
+            if w == 0:
+                ar_step(cache).tolist()
+            else:
+                step(model, cache, state, torch.full_like(n, w), u, it, w, config, rule, **step_args).n.tolist()
             if r:
                 times[w].append(time.perf_counter() - t0)
     costs = {w: sorted(t)[len(t) // 2] for w, t in times.items()}
