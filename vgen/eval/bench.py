@@ -38,7 +38,7 @@ def _rss_mb() -> float:
 
 
 class RssPeak:
-    """Peak resident memory of the process while the block runs (polled every 5 ms on a thread; Linux /proc,
+    """Peak resident memory of the process while the block runs (polled every 20 ms on a thread; Linux /proc,
     else the lifetime peak), and on CUDA the peak of allocated device memory within the block."""
 
     def __enter__(self):
@@ -49,7 +49,7 @@ class RssPeak:
             torch.cuda.reset_peak_memory_stats()
 
         def poll():
-            while not self._stop.wait(0.005):
+            while not self._stop.wait(0.02):
                 self.peak = max(self.peak, _rss_mb())
         self._t = threading.Thread(target=poll, daemon=True)
         self._t.start()
@@ -166,7 +166,8 @@ def plan(cfg) -> Plan:
 
 def run(p: Plan) -> tuple[dict, dict]:
     """Time every cell: one untimed warm-up each (compilation), then ``repeats`` rounds over all cells, so machine
-    noise hits them alike. Returns (per-cell runs, per-cell memory and warm-up) and the quality columns."""
+    noise hits them alike, in turn forward and backward (a cell's place in a round, e.g. right after a compiled
+    cell, does not bias its ratios). Returns (per-cell runs, per-cell memory and warm-up) and the quality columns."""
     from tqdm.auto import tqdm
 
     from vgen.pipeline import pipeline_for
@@ -196,7 +197,7 @@ def run(p: Plan) -> tuple[dict, dict]:
     warmup_n = cfg.get("warmup_samples") or cfg.num_samples
     with tqdm(total=len(p.cells) * (cfg.repeats + 1 - first), desc="bench", unit="run") as bar:
         for rep in range(first, cfg.repeats + 1):
-            for c in p.cells:
+            for c in (p.cells if rep % 2 else p.cells[::-1]):  # forward, then backward: no cell always runs first
                 t0 = time.perf_counter()
                 with RssPeak() as peak:
                     r = run_cell(*c, cfg.num_samples if rep else min(cfg.num_samples, warmup_n))

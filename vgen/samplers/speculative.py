@@ -43,7 +43,8 @@ class SpeculativeOptions(SamplingOptions):
     window: int | str = option("auto", "tokens per forward pass: the last accepted one plus window-1 drafts; auto "
                                "(cost-aware): the width 2 / 4 / 8 (or AR's own loop) with the most tokens per "
                                "second in whole runs timed once per model, device, settings and the job's batch "
-                               "size (cached on disk; a job too small to repay that timing runs at 4); with costs "
+                               "size (cached on disk; a job too small to repay that timing decides from one pass's "
+                               "cost per width and measured tokens per pass, or runs AR's loop); with costs "
                                "given, chosen for each sample before every pass "
                                "from those costs and the acceptance it observes (width 1 = a plain AR step)")
     max_window: int = option(8, "window=auto: the widest pass it may choose")

@@ -142,23 +142,22 @@ def prior_width(sampler, model, batch: int, samples: int, codebook=None, draft=N
     enough = enough_passes(model)
     budget = PRIOR_BUDGET * -(-samples // batch) * L * costs[0]  # the job's seconds in AR's loop, roughly
 
-    def measured(w):  # {c: passes} at width w (cut short by what is left of the budget), or None: too few
+    def measured(w, share):  # {c: passes} at width w (cut short at ``share`` of what is left of the budget), or None
         nonlocal budget
         hist = prior_tokens(sampler, model, w, codebook, draft, seconds=0)
         if (hist is None or sum(hist.values()) < enough) and budget > 0:
             t0 = time.perf_counter()
-            hist = prior_tokens(sampler, model, w, codebook, draft, seconds=budget)
+            hist = prior_tokens(sampler, model, w, codebook, draft, seconds=share * budget)
             budget -= time.perf_counter() - t0
         return hist if hist is not None and sum(hist.values()) >= enough else None
     widest = max(widths)
-    hist = measured(widest)
+    hist = measured(widest, 0.5)  # half the budget: the rest for a narrower width, if one is credited
     if hist is None:
         return 1, "fallback"
     tokens = {w: tokens_at(hist, depth[w]) for w in widths}
     w = prior_choice(costs, tokens, batch)
-    if w not in (1, widest):  # measured, not credited from the widest run's passes
-        own = measured(w)
-        if own is None:
-            return 1, "fallback"
-        w = prior_choice(costs, {widest: tokens[widest], w: tokens_at(own, depth[w])}, batch)
+    if w not in (1, widest):  # measured, not credited from the widest run's passes: else the widest or AR's loop
+        own = measured(w, 1.0)
+        mine = {widest: tokens[widest]} if own is None else {widest: tokens[widest], w: tokens_at(own, depth[w])}
+        w = prior_choice(costs, mine, batch)
     return w, "prior"
