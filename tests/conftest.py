@@ -201,6 +201,7 @@ def tiny_text_encoder(caption_tokens: int = 8, d_model: int = 16):
     """A word-level tokenizer over TINY_WORDS and a random one-layer T5 encoder: the FLAN-T5 path at toy size."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
+
     from vgen.models.text import TextEncoder
     vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(TINY_WORDS)}}
     t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))

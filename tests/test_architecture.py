@@ -62,10 +62,10 @@ def greedy_module(tmp_path, monkeypatch):
 
 def test_a_sampler_in_one_file_reaches_every_consumer(greedy_module, tiny_gpt, tiny_pipeline, tiny_nar):
     import vgen
+    from vgen.cards import Card
     from vgen.configs import sampler_schema
     from vgen.demo import option_fields
     from vgen.samplers import fitting_samplers
-    from vgen.cards import Card
     assert "greedy-test" in vgen.list_samplers()
     assert "greedy-test" in fitting_samplers(tiny_gpt) and "greedy-test" not in fitting_samplers(tiny_nar)
     assert "greedy-test" in fitting_samplers(Card.load(str(tiny_pipeline)))

@@ -7,8 +7,8 @@ import dataclasses
 import typing
 
 import pytest
-
 from guards import cli_refusal
+
 from vgen.configs import BenchSchema, EvalSchema, SampleSchema, ScaleKVSchema
 
 # the rest of each command's arguments: small, valid, and not the field under test

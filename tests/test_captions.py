@@ -8,17 +8,31 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from guards import needs_zoo
 
 from vgen.data import CLASS_NAMES, photos
-from vgen.data.captions import (ALWAYS_TREATED, HELDOUT_COMBOS, HELDOUT_TEMPLATES, SUBJECT_PHRASES, TEMPLATES,
-                                CropFacts, apply_treatment, caption, caption_corpus, captioned_photos, crop_facts,
-                                describe, draw_treatment, measure_brightness, measure_colour, prompt_set,
-                                train_text_tokenizer, treatment_caption)
-from vgen.errors import VGenError
+from vgen.data.captions import (
+    ALWAYS_TREATED,
+    HELDOUT_COMBOS,
+    HELDOUT_TEMPLATES,
+    SUBJECT_PHRASES,
+    TEMPLATES,
+    CropFacts,
+    apply_treatment,
+    caption,
+    caption_corpus,
+    captioned_photos,
+    crop_facts,
+    describe,
+    draw_treatment,
+    measure_brightness,
+    measure_colour,
+    prompt_set,
+    train_text_tokenizer,
+    treatment_caption,
+)
 from vgen.data.photos import CropBox, load_photographs, photos_with_boxes, region
-
+from vgen.errors import VGenError
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_transformers_models import (
+    adapter_logits,
+    all_sequences,
+    drafter_for,
+    padding_changes_nothing,
+    samples_follow_the_enumerated_law,
+)
 
-from test_transformers_models import (adapter_logits, all_sequences, drafter_for, padding_changes_nothing,
-                                      samples_follow_the_enumerated_law)
 from vgen import sample
 from vgen.errors import VGenError
 from vgen.models import from_transformers

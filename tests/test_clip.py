@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import warnings
 
 import numpy as np
 import pytest

@@ -11,8 +11,7 @@ import torch
 
 from vgen.errors import VGenError
 from vgen.samplers import get_sampler, sample
-from vgen.samplers.base import (AUTO_SAVED_S_PER_PASS, AUTO_WARMUP_S, SamplingOptions, auto_compile,
-                                sampling_job)
+from vgen.samplers.base import AUTO_SAVED_S_PER_PASS, AUTO_WARMUP_S, SamplingOptions, auto_compile, sampling_job
 
 
 @pytest.mark.parametrize("given, want", [(True, True), (False, False), ("auto", "auto"), ("AUTO", "auto"),

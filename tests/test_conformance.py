@@ -1,9 +1,9 @@
 """Reproduce the official LlamaGen outputs stored in ../shared/conformance (see its README)."""
 import pytest
 import torch
+from conftest import load_io
 from safetensors.torch import load_file
 
-from conftest import load_io
 from vgen.models import load_official
 from vgen.samplers import sample
 

@@ -3,8 +3,8 @@ tiny weights, left-padded random caption features with their masks; see its READ
 fixture's ``config``, so another fixture set of the same format runs unchanged."""
 import pytest
 import torch
-
 from conftest import load_io
+
 from vgen.models import load_official
 from vgen.samplers import sample
 

@@ -2,8 +2,8 @@
 the continuous AR sampler, options and errors."""
 import pytest
 import torch
-
 from exact import energy_test
+
 from vgen.errors import VGenError
 from vgen.models.car import CAR, CARConfig
 from vgen.samplers import sample
@@ -195,8 +195,8 @@ def test_cspd_is_batch_invariant(pair, rule):
 def test_continuous_compile_option():
     """compile=auto decides from the job's head calls against the warm-up (a cold cache: the same choice on every
     machine state); a bad value is a one-line error; the sampler that runs sees a bool."""
-    from vgen.samplers.base import sampler_class, sampling_job
     from vgen.interfaces import Order
+    from vgen.samplers.base import sampler_class, sampling_job
     model = micro(0)
     o = sampler_class("ar", Order.CONTINUOUS_NEXT_TOKEN).Options(compile="AUTO")
     o.validate()

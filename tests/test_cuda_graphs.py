@@ -3,14 +3,13 @@ over a KV cache of static addresses, outside any CPU tuning. The ``cuda`` tests 
 the others check on the CPU that a CUDA step is compiled that way and that the CPU's own path is unchanged."""
 import pytest
 import torch
+from guards import needs_zoo
 
 import vgen
 import vgen.kernels.decode as decode
 from vgen.kernels.kv_cache import KVCache
 from vgen.kernels.linear import linear
 from vgen.samplers import sample
-
-from guards import needs_zoo
 
 
 def test_a_cuda_step_is_compiled_reduce_overhead_fullgraph(monkeypatch):

@@ -18,6 +18,7 @@ def test_photos_shapes_classes_and_determinism():
 def test_test_split_never_overlaps_training_regions():
     """Every test crop is a resized window of the right-most strip; no training crop can touch it."""
     import numpy as np
+
     from vgen.data.photos import region
     for img in load_photographs():
         tr, te = region(img, "train"), region(img, "test")

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from vgen.errors import VGenError
 from guards import needs_zoo
 
+from vgen.errors import VGenError
 
 gr = pytest.importorskip("gradio")
 
@@ -163,6 +162,7 @@ def test_gradio_client_generate_endpoint_returns_the_png(server, capfd):
 @needs_zoo("photos-gpt")
 def test_gradio_client_race_endpoint(server):
     from gradio_client import Client
+
     from vgen.demo import option_fields
     client = Client(server, verbose=False)
     given = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 4, "init": "vertical"}
@@ -265,9 +265,9 @@ def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_
 
 
 def test_race_on_a_next_neighbour_model_runs_nar_with_its_heatmap(tiny_nar_pipeline):
+    from vgen.cards import Card
     from vgen.demo import LOCAL, Demo
     from vgen.samplers import fitting_samplers
-    from vgen.cards import Card
     assert fitting_samplers(Card.load(str(tiny_nar_pipeline))) == ["nar"]
     d = Demo(allowed_dirs=[str(tiny_nar_pipeline.parent)])
     res = d.race(LOCAL, str(tiny_nar_pipeline), 1, 0, ["nar"], {})

@@ -302,8 +302,8 @@ def test_drafter_recipe_learns_resumes_installs_and_the_pipeline_samples(tmp_pat
     import json
 
     import vgen
-    from vgen.train.drafter import DrafterTrainConfig, cached_features, evaluate, train_drafter
     from vgen.train.common import RunDir
+    from vgen.train.drafter import DrafterTrainConfig, cached_features, evaluate, train_drafter
     pipe = vgen.load_pipeline(str(tiny_pipeline))
     codes = codes_folder(tmp_path / "codes", pipe.model, 96, 16)
     cfg = DrafterTrainConfig(out=str(tmp_path / "run"), model=str(tiny_pipeline), codes=str(codes), n_train=96,
@@ -628,6 +628,7 @@ def _emitted_law(Mb, Ms, V, gamma, scale_residual=True):
     the kernel's h (the longest i with u_i < h_i), the residual norm(max(0, w_i p_i - q_i)). Also E[drafts kept]
     under block and token-by-token verification."""
     import itertools
+
     from vgen.kernels.verify import block_accepts
     law, e_block, e_token = {}, 0.0, 0.0
     for X in itertools.product(range(V), repeat=gamma):

@@ -93,8 +93,9 @@ def test_inception_weights_load_without_unpickling_code(tmp_path, inception):
     """A .pth is read with weights_only=True: a pickled object that is not a tensor is refused."""
     import collections
 
-    from vgen.eval.extractors import build_inception
     from safetensors.torch import load_file
+
+    from vgen.eval.extractors import build_inception
     sd = load_file(str(inception))
     good = tmp_path / "w.pth"
     torch.save(sd, good)

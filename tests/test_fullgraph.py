@@ -10,7 +10,6 @@ import vgen.samplers.spec.scheduler
 import vgen.samplers.zipar
 from vgen.samplers import sample
 
-
 COMPILED = []  # the step functions handed to fullgraph (each test checks that its step really went through it)
 
 

@@ -12,13 +12,13 @@ import contextlib
 import hashlib
 import io
 
+import PIL
 import pytest
 import torch
-import PIL
+from guards import needs_zoo
 from PIL import Image
 
 import vgen
-from guards import needs_zoo
 
 LABELS = [0, 3, 7, 12]
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from guards import interruptible
+
 from vgen.errors import VGenError
 
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-
 from guards import cli_refusal as cli
 from guards import interruptible
+
 from vgen.errors import VGenError
 
 

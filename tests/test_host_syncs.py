@@ -188,6 +188,7 @@ def test_mar_makes_no_round_trip_per_pass():
     """MAR's passes (the encoder drops the unknown tokens by the schedule's count; the head's constants are made once):
     no host read and no upload per pass."""
     from test_mar import TINY
+
     from vgen.models import build
     torch.manual_seed(0)
     model = build("mar", **TINY).eval()

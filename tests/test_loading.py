@@ -73,8 +73,8 @@ def test_preset_is_named_for_released_sizes():
     with torch.device("meta"):
         m = build("gpt", dim=768, n_layer=12, n_head=12, vocab_size=16384, num_classes=1000, block_size=256)
     sd = m.state_dict()
-    from vgen.models.loading import check_state_dict, preset_name
     from vgen.models.gpt import infer_gpt
+    from vgen.models.loading import check_state_dict, preset_name
     inferred = infer_gpt(sd)
     assert inferred["n_head"] == 12 and inferred["num_classes"] == 1000
     assert preset_name("gpt", inferred) == "GPT-B"

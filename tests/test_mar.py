@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from conftest import load_io
 from safetensors.torch import load_file
 
 import vgen.models.mar  # noqa: F401  (registers the "mar" kind)
 import vgen.samplers.mar  # noqa: F401  (registers the "mar" sampler)
-from conftest import load_io
 from vgen.errors import VGenError
 from vgen.interfaces import MaskedModel, Order
 from vgen.models import build, load_official

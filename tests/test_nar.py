@@ -2,8 +2,8 @@
 factorisation (exact distributions on a tiny random model)."""
 import pytest
 import torch
-
 from exact import chi2_p, counts_of, exact_joint, tv
+
 from vgen.errors import VGenError
 from vgen.interfaces import NextNeighbourModel, Order, TokenType
 from vgen.kernels.proximity import anti_diagonals, average_heads, grid_sources, neighbour_sources, proximity_mask

@@ -229,9 +229,9 @@ def test_a_command_sets_tf32_for_its_own_length(tiny_pipeline, tmp_path):
 def test_a_bfloat16_pipeline_drives_eagle_with_its_draft_head(tiny_pipeline, tiny_gpt):
     """The draft head a pipeline loads follows the target's dtype (its products read the target's bfloat16
     embeddings and output weight): eagle runs on a bfloat16 pipeline (it failed with a dtype mismatch before)."""
-    import vgen
     from test_eagle import make_drafter
 
+    import vgen
     from vgen.models.drafter import save_drafter
     path = str(tiny_pipeline / "drafter.safetensors")
     save_drafter(make_drafter(tiny_gpt, seed=1), path)

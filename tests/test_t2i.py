@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-
 from guards import cli_refusal
+
 from vgen.errors import VGenError
 from vgen.pipeline import load_pipeline
 
@@ -171,10 +171,11 @@ def test_drafter_recipe_trains_on_a_text_model_and_eagle_keeps_padding_invarianc
 def _released_folder(tmp_path, conf_dir):
     """A folder laid out like the LlamaGen-T2I release (GPT .pt under "model", VQ .pt, a T5 folder), holding the
     conformance fixture's official t2i weights (its sizes go in the card's model_config)."""
-    from safetensors.torch import load_file
     from conftest import load_io, tiny_text_encoder
-    from vgen.pipeline import llamagen_t2i_card
+    from safetensors.torch import load_file
+
     from vgen.models import build
+    from vgen.pipeline import llamagen_t2i_card
     io = load_io(conf_dir, "llamagen_gpt_t2i")
     folder = llamagen_t2i_card(tmp_path / "llamagen-t2i", stage=1)
     torch.manual_seed(1)

@@ -4,8 +4,8 @@ ar draw=gumbel, padding changes nothing, and bad input is refused before any for
 import numpy as np
 import pytest
 import torch
-
 from exact import chi2_p, counts_of
+
 from vgen import sample
 from vgen.errors import VGenError
 from vgen.kernels.sampling import filter_probs
@@ -413,8 +413,8 @@ def test_emu3_recipe_runs_exports_and_loads(tmp_path):
     folder loads as a pipeline that samples from prompts with any sampler; training sequences follow Emu3's layout."""
     from transformers import AutoTokenizer
 
-    from vgen.models.hf.emu3_zoo import N_SPECIAL, Layout, vocabulary
     from vgen.hf_pipeline import load_zoo
+    from vgen.models.hf.emu3_zoo import N_SPECIAL, Layout, vocabulary
     from vgen.train.emu3 import Emu3TrainConfig, train_emu3
     cfg = Emu3TrainConfig(out=str(tmp_path / "e"), steps=2, batch_size=2, n_train=8, n_test=4, save_every=1,
                           warm_start=False, model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,

@@ -7,11 +7,17 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from exact import chi2_p, counts_of, tv
+
 from vgen.errors import VGenError
-from vgen.kernels.kv_compression import (WindowCompression, calibrate, layer_weights, load_calibration, two_means,
-                                         window_positions)
+from vgen.kernels.kv_compression import (
+    WindowCompression,
+    calibrate,
+    layer_weights,
+    load_calibration,
+    two_means,
+    window_positions,
+)
 from vgen.kernels.sampling import filter_probs
 from vgen.samplers import sample
 

@@ -1,10 +1,10 @@
 """The embedded zoo: ships, loads, samples deterministically, and is really class-conditional."""
 import pytest
 import torch
+from guards import needs_zoo
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
-from guards import needs_zoo
 
 pytestmark = needs_zoo("photos-gpt")
 

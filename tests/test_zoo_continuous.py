@@ -2,9 +2,9 @@
 sampling through the pipeline, and class conditioning."""
 import pytest
 import torch
+from guards import needs_zoo
 
 import vgen
-from guards import needs_zoo
 from vgen.data import NUM_CLASSES, photos, to_model_range
 
 pytestmark = needs_zoo("photos-car", "photos-car-draft", "photos-mar")

@@ -1,10 +1,10 @@
 """The embedded next-neighbour zoo model: ships, loads, decodes in 31 passes, is seeded and class-conditional."""
 import pytest
 import torch
+from guards import needs_zoo
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
-from guards import needs_zoo
 
 pytestmark = needs_zoo("photos-nar")
 

@@ -2,10 +2,10 @@
 shipped ScaleKV calibration drives compressed sampling."""
 import pytest
 import torch
+from guards import needs_zoo
 
 import vgen
 from vgen.data import NUM_CLASSES, photos, to_model_range
-from guards import needs_zoo
 
 pytestmark = needs_zoo("photos-var")
 

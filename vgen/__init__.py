@@ -14,11 +14,11 @@ if _os.path.basename(_sys.argv[0] or "") == "vgen" and _signal.getsignal(_signal
         _os._exit(130)
     _signal.signal(_signal.SIGINT, _starting)  # vgen.cli.main puts the default back once it can catch the interrupt
 
-from vgen.errors import VGenError
+from vgen import hf_pipeline as _hf_pipeline  # noqa: F401,E402  (registers hf://... and the zoo's transformers models)
 from vgen.cards import list_models
 from vgen.conditions import Labels, Prompts
+from vgen.errors import VGenError
 from vgen.pipeline import Generation, Pipeline, load_pipeline
-from vgen import hf_pipeline as _hf_pipeline  # noqa: F401,E402  (registers hf://... and the zoo's transformers models)
 from vgen.samplers import fitting_samplers, get_sampler, list_samplers, sample
 from vgen.version import __version__
 

@@ -176,9 +176,9 @@ def main(argv: list[str] | None = None) -> None:
         import torch
 
         from vgen import validate
+        from vgen.configs import SCHEMAS
         from vgen.kernels.precision import cuda_tf32
         from vgen.threads import set_threads
-        from vgen.configs import SCHEMAS
         before = torch.get_num_threads()
         try:
             validate.config(cfg, SCHEMAS[command])  # every command's own fields, by its schema's rules, first

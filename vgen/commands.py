@@ -47,8 +47,10 @@ def sample(cfg: DictConfig):
             raise VGenError(f"samples_per_class must be >= 1, got {cfg.samples_per_class}")
         num_samples = cfg.samples_per_class * load_card(cfg.model.path or cfg.model.name).num_classes
     if not chosen_on_command_line("sampler"):  # the group's default (ar): the model's own plain sampler instead,
-        from vgen.samplers import plain_sampler  # with the options given that it takes
-        from vgen.samplers import sampler_class
+        from vgen.samplers import (
+            plain_sampler,  # with the options given that it takes
+            sampler_class,
+        )
         card = load_card(cfg.model.path or cfg.model.name)
         sampler = plain_sampler(card)
         options = {k: v for k, v in options.items() if k in sampler_class(sampler, card).Options.names()}
@@ -66,8 +68,8 @@ def sample(cfg: DictConfig):
 def bench(cfg: DictConfig):
     from vgen import validate
     from vgen.configs import record_config
-    from vgen.eval.bench import plan, report, run
     from vgen.eval import hf_speed, shapes
+    from vgen.eval.bench import plan, report, run
     p = plan(cfg)  # every setting checked before anything is written or loaded
     measure_shapes = shapes.check(cfg)  # the released GPT shapes with random weights (+experiment=gpu)
     measure_hf = hf_speed.check(cfg)  # Janus / Emu3 shapes against transformers' generate (+experiment=transformers)
@@ -301,8 +303,8 @@ def _port_free(host: str, port: int) -> None:
 
 def train(cfg: DictConfig):
     import vgen.train.recipes  # noqa: F401  (registers every recipe)
-    from vgen.train.common import run_recipe
     from vgen.configs import record_config
+    from vgen.train.common import run_recipe
     # Hydra creates nothing (hydra.run.dir is "."): the run folder and its .hydra/ appear once the recipe's inputs
     # have been checked
     metrics = run_recipe(OmegaConf.to_object(cfg.recipe), accepted=lambda folder: record_config(cfg, folder))

@@ -293,8 +293,7 @@ def shown_results(results: list[dict], out: str):
 def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", default_folder: str | None = None):
     import gradio as gr
 
-    from vgen.samplers import list_samplers
-    from vgen.samplers import fitting_samplers
+    from vgen.samplers import fitting_samplers, list_samplers
     demo = demo or Demo()
     models = zoo_models() + ([LOCAL] if demo.allowed else [])
     default_model = default_model if default_model in models else models[0]

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from vgen import validate
+from vgen.cards import Card
 from vgen.errors import VGenError
 from vgen.models.hf import TransformersModel, from_transformers
-from vgen.cards import Card
 from vgen.pipeline import Generation, register_loader
 
 # the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048;

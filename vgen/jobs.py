@@ -71,8 +71,8 @@ class SampleJob:
     def plan(self):
         """Everything checked before any weights load: (card, sampler name, resolved options, the per-sample
         condition (:mod:`vgen.conditions`: the first ``num_samples`` of the labels or prompts, cycled))."""
-        from vgen.samplers import plain_sampler
         from vgen.pipeline import load_card, resolve_sampler
+        from vgen.samplers import plain_sampler
         card = load_card(self.model)
         name = self.sampler or plain_sampler(card)
         opts = dataclasses.asdict(resolve_sampler(card, name, **self.options).options)

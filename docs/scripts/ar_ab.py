@@ -1,6 +1,8 @@
 """AR alone, two vgen checkouts, the order alternating per round (a CPU drifting between runs then favours neither):
 photos-gpt, 8 images at batch 1, eager, the best of two runs per process. Usage: python docs/scripts/ar_ab.py OLD NEW"""
-import subprocess, sys, json
+import subprocess
+import sys
+
 ONE = """
 import sys, time, json
 sys.path.insert(0, {tree!r})

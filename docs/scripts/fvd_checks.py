@@ -12,7 +12,6 @@ noise. Writes docs/metrics/fvd_checks.json and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 

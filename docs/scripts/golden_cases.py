@@ -6,10 +6,16 @@
 tests/test_golden.py's CORE table was recorded with this on the CPU before the speculative core was split;
 docs/scripts/gpu/core_check.sh runs it on a GPU with the trees before and after (docs/benchmarks-gpu.md). A case
 that raises is recorded as ("error", message) and the others still run."""
-import hashlib, json, sys, time
-import torch
+import hashlib
+import json
 import os
+import sys
+import time
+
+import torch
+
 import vgen
+
 DEVICE = os.environ.get("DEVICE", "cpu")
 ONLY = os.environ.get("ONLY", "").split(",") if os.environ.get("ONLY") else None
 

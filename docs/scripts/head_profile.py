@@ -9,9 +9,8 @@ prints the ops by self CPU time.
 import argparse
 
 import torch
-from torch.profiler import ProfilerActivity, profile
-
 from eagle_costs import setup  # (docs/scripts: this script's folder)
+from torch.profiler import ProfilerActivity, profile
 
 
 def main():

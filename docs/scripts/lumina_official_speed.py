@@ -16,6 +16,7 @@ sjd's tokens per pass on random weights say nothing about a trained model.
 import sys
 import time
 from pathlib import Path
+
 import torch
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, ChameleonVQVAEConfig, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList

@@ -4,9 +4,14 @@ json line per scale.
 
     python docs/scripts/t2i_cfg_sweep.py [pipeline, default photos-t2i] [scales, default 3,5,8]
 """
-import json, sys, time
-import vgen, vgen.eval
+import json
+import sys
+import time
+
+import vgen
+import vgen.eval
 from vgen.data.captions import prompt_set
+
 SAMPLES = 8
 pipe = vgen.load_pipeline(sys.argv[1] if len(sys.argv) > 1 else "photos-t2i")
 cfgs = [float(c) for c in (sys.argv[2].split(",") if len(sys.argv) > 2 else ["3", "5", "8"])]

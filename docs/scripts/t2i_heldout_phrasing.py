@@ -4,10 +4,15 @@ of each combination: does the phrasing or the combination fail?
 
     python docs/scripts/t2i_heldout_phrasing.py [pipeline, default photos-t2i] [cfg_scale, default 3]
 """
-import json, sys
+import json
+import sys
+
 import numpy as np
-import vgen, vgen.eval
+
+import vgen
+import vgen.eval
 from vgen.data.captions import HELDOUT_COMBOS, HELDOUT_TEMPLATES, TEMPLATES, _random_facts, _say
+
 pipe = vgen.load_pipeline(sys.argv[1] if len(sys.argv) > 1 else "photos-t2i")
 cfg = float(sys.argv[2]) if len(sys.argv) > 2 else 3.0
 S = 8
@@ -21,7 +26,7 @@ for name, temps in (("heldout-phrasing", HELDOUT_TEMPLATES), ("train-phrasing", 
         p = _say(f, temps[int(rng.integers(len(temps)))], {combo[1]})[0]
         prompts += [p] * S; combos += [combo] * S
     g = pipe.generate(prompts=prompts, seed=0, batch_size=32, cfg_scale=cfg)
-    from vgen.data.captions import measure_colour, measure_brightness
+    from vgen.data.captions import measure_brightness, measure_colour
     col, bri = measure_colour(g.images), measure_brightness(g.images)
     for c in HELDOUT_COMBOS:
         idx = [j for j, cc in enumerate(combos) if cc == c]

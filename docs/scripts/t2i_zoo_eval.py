@@ -24,8 +24,6 @@ import os
 import sys
 import time
 
-import torch
-
 import vgen
 import vgen.eval
 from vgen.data.captions import captioned_photos, prompt_set

@@ -230,11 +230,23 @@ SCHEMAS = {"sample": SampleSchema, "bench": BenchSchema, "eval": EvalSchema, "de
 def register() -> None:
     from vgen.cards import list_models, list_transformers_models
     from vgen.samplers import list_samplers, sampler_classes
-    from vgen.train.recipes import (GPTTrainConfig, MSVQTrainConfig, NARTrainConfig, PhotoTrainConfig,
-                                    VARTrainConfig, VideoClassifierTrainConfig, VideoGPTTrainConfig,
-                                    VideoNARTrainConfig, VQTrainConfig, KLTrainConfig,
-                                    ContinuousTrainConfig, DrafterTrainConfig, CarDistillConfig, T2ITrainConfig,
-                                    Emu3TrainConfig)
+    from vgen.train.recipes import (
+        CarDistillConfig,
+        ContinuousTrainConfig,
+        DrafterTrainConfig,
+        Emu3TrainConfig,
+        GPTTrainConfig,
+        KLTrainConfig,
+        MSVQTrainConfig,
+        NARTrainConfig,
+        PhotoTrainConfig,
+        T2ITrainConfig,
+        VARTrainConfig,
+        VideoClassifierTrainConfig,
+        VideoGPTTrainConfig,
+        VideoNARTrainConfig,
+        VQTrainConfig,
+    )
     cs = ConfigStore.instance()
     cs.store(name="sample_schema", node=SampleSchema)
     cs.store(name="bench_schema", node=BenchSchema)

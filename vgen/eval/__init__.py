@@ -2,8 +2,8 @@
 FVD (I3D, FVD-photo), CLIP score, the text-to-image suite (FID + CLIP score + prompt accuracy), feature extractors, ADM .npz export, bench."""
 from vgen.eval.adm import evaluate, features, reference_stats
 from vgen.eval.clip import clip_score
-from vgen.eval.fvd import fvd, load_videos
 from vgen.eval.fvd import REFERENCES as VIDEO_REFERENCES
+from vgen.eval.fvd import fvd, load_videos
 from vgen.eval.metrics import BACKENDS, export_npz, fid
 from vgen.eval.sources import REFERENCES, load_images
 from vgen.eval.t2i import evaluate as evaluate_t2i

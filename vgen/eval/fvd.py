@@ -26,10 +26,20 @@ import torch
 from vgen import validate
 from vgen.errors import VGenError
 from vgen.eval.extractors import file_digest
+from vgen.eval.video_extractors import (
+    I3D_FRAMES,
+    VideoClassifier,
+    fit_frames,
+    i3d_logits,
+    i3d_weights_path,
+    load_i3d,
+    load_video_classifier,
+    random_i3d_weights,
+    state_digest,
+    video_classifier_features,
+    video_classifier_path,
+)
 from vgen.io import cache_dir
-from vgen.eval.video_extractors import (I3D_FRAMES, VideoClassifier, fit_frames, i3d_logits, i3d_weights_path,
-                                        load_i3d, load_video_classifier, random_i3d_weights, state_digest,
-                                        video_classifier_features, video_classifier_path)
 
 EXTRACTORS = ("photo", "i3d")
 VIDEO_SUFFIXES = (".mp4", ".gif")  # a folder's MP4s; its GIFs only when it has no MP4

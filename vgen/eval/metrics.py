@@ -12,17 +12,17 @@ excluded), an ADM-style ``.npz`` (``arr_0``, uint8 NHWC), or a registered refere
 from __future__ import annotations
 
 import os
-import warnings
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from vgen.errors import VGenError
-from vgen.io import cache_dir
 from vgen.eval.extractors import EXTRACTORS, ZOO_CLASSIFIER, file_digest, inception_weights_path
 from vgen.eval.sources import ImageSource, load_images
+from vgen.io import cache_dir
 
 BACKENDS = ("torch-fidelity", "clean-fid")
 def export_npz(images, path: str | os.PathLike, batch_size: int = 256) -> Path:

@@ -21,7 +21,6 @@ budget, ratio = the groups' demand ratio clipped to [1, min(max_ratio, 1/b)], wi
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 

@@ -36,7 +36,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vgen.interfaces import HeadSample

@@ -25,7 +25,6 @@ from vgen.kernels.kv_cache import KVCache
 from vgen.kernels.linear import Linear
 from vgen.models.loading import GPT_PRESETS, count_indexed, register_kind
 
-
 CLASS_CONDITIONAL = ("c2i", "class_cond")  # LlamaGen's name, LARP's (NAR video) name
 
 

@@ -20,7 +20,6 @@ The :class:`vgen.interfaces.MaskedModel` interface (what ``vgen.samplers.mar`` d
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass
 

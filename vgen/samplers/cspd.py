@@ -33,8 +33,15 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order
 from vgen.models.diffusion_head import gaussian_logpdf
 from vgen.samplers.base import option, register_sampler
-from vgen.samplers.continuous import (Clock, ContinuousOptions, ContinuousSampler, draw_tokens, guidance,
-                                      rejection_generators, token_noise)
+from vgen.samplers.continuous import (
+    Clock,
+    ContinuousOptions,
+    ContinuousSampler,
+    draw_tokens,
+    guidance,
+    rejection_generators,
+    token_noise,
+)
 
 RULES = ("exact", "path", "official")
 

@@ -244,7 +244,7 @@ def tree_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule
     j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree with ``rule`` (token by token),
     keeps the accepted path's cache entries, and the head drafts the next tree."""
     tokens, n, qwin, logp, smap, counts = s
-    L, D, cfg, sampling = c.L, c.D, c.cfg, c.sampling
+    L, cfg, sampling = c.L, c.cfg, c.sampling
     B, N, Dm, dev = n.shape[0], tree.size, tree.depth_max, n.device
     nodes = torch.arange(1, N + 1, device=dev)
     base = model.cond_len + L

@@ -20,10 +20,10 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+from vgen.interfaces import Order
 from vgen.kernels.decode import compiled, token_step
 from vgen.kernels.proximity import anti_diagonals, average_heads, neighbour_sources
 from vgen.kernels.sampling import per_sample_uniforms
-from vgen.interfaces import Order
 from vgen.samplers.base import Sampler, SamplingOptions, register_sampler
 
 

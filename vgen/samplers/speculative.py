@@ -30,11 +30,20 @@ from vgen.interfaces import ModelSpec
 from vgen.kernels.decode import compiled
 from vgen.samplers.base import Sampler, SamplingOptions, get_sampler, job_shape, option
 from vgen.samplers.spec.jacobi import JacobiDrafts, JacobiOptions
+from vgen.samplers.spec.prior import prior_width
 from vgen.samplers.spec.rules import TokenRule
 from vgen.samplers.spec.scheduler import Scheduler, StepConfig
-from vgen.samplers.spec.prior import prior_width
-from vgen.samplers.spec.widths import (WIDTHS, WidthPolicy, best_job_width, can_pay, parse_costs, pass_costs,
-                                       pass_tokens, timed_width, worth_timing)
+from vgen.samplers.spec.widths import (
+    WIDTHS,
+    WidthPolicy,
+    best_job_width,
+    can_pay,
+    parse_costs,
+    pass_costs,
+    pass_tokens,
+    timed_width,
+    worth_timing,
+)
 
 
 @dataclass

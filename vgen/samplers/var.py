@@ -18,9 +18,9 @@ import torch
 from tqdm.auto import tqdm
 
 from vgen.errors import VGenError
+from vgen.interfaces import ModelSpec, Order
 from vgen.kernels.kv_compression import make_policy
 from vgen.kernels.sampling import filter_probs, per_sample_uniforms, sample_from_probs
-from vgen.interfaces import ModelSpec, Order
 from vgen.samplers.base import Sampler, TokenOptions, option, register_sampler
 
 COMPRESSIONS = ("none", "scalekv", "uniform")

@@ -87,7 +87,6 @@ def zipar_step(model, cache, tokens, logp, smap, src, at, dst, passes, u, t, cfg
                cfg_scale: float, temperature: float, top_k: int, top_p: float):
     """One pass: feed ``tokens[:, src]`` at raster positions ``at`` (S,), under the mask of what is decided
     before pass ``t``; draw the tokens ``dst`` (S,; -1 = none) with their uniforms. Returns tokens, logp, smap."""
-    L = tokens.shape[1]
     x = tokens[:, src]
     if cfg:
         x = torch.cat([x, x])

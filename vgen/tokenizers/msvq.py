@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vgen.errors import VGenError
 from vgen.models.loading import count_indexed, register_kind
 from vgen.tokenizers.vq import Downsample, Upsample
-
-from vgen.errors import VGenError
 
 
 @dataclass

@@ -57,8 +57,8 @@ def load_pair(target: str, draft: str, device):
     """(target pipeline, draft pipeline); one-line errors, from the cards before any weights load, unless both are
     causal continuous-token models over the photos' classes and the draft makes the target's tokens (same tokenizer
     and grid), and, once loaded, unless their heads run the same number of reverse steps."""
-    from vgen.data import NUM_CLASSES
     from vgen.cards import Card
+    from vgen.data import NUM_CLASSES
     from vgen.interfaces import Order
     from vgen.pipeline import Pipeline
     tc = Card.load(target)

@@ -29,6 +29,7 @@ from vgen.io import atomic_write_json
 from vgen.models.hf.emu3_zoo import N_SPECIAL, Layout, vocabulary
 from vgen.train.common import RecipeConfig, adamw, autocast, recipe, start_run, train_loop
 
+
 @dataclass
 class Emu3TrainConfig(RecipeConfig):
     out: str = "runs/photos-emu3"

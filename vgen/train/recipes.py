@@ -7,8 +7,8 @@ from vgen.train.gpt import GPTTrainConfig, train_gpt
 from vgen.train.kl import KLTrainConfig, train_kl
 from vgen.train.msvq import MSVQTrainConfig, train_msvq
 from vgen.train.nar import NARTrainConfig, train_nar
-from vgen.train.t2i import T2ITrainConfig, train_t2i
 from vgen.train.photo import PhotoTrainConfig, train_photo
+from vgen.train.t2i import T2ITrainConfig, train_t2i
 from vgen.train.var import VARTrainConfig, train_var
 from vgen.train.video import VideoGPTTrainConfig, VideoNARTrainConfig, train_video_gpt, train_video_nar
 from vgen.train.video_classifier import VideoClassifierTrainConfig, train_video_classifier

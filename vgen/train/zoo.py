@@ -194,7 +194,7 @@ def export_continuous(kl_path: str, model_path: str, out: str, name: str, kind: 
     from vgen.kinds import load_official
     from vgen.pipeline import Pipeline
     from vgen.train.continuous import encode_latents, test_loss
-    from vgen.train.kl import evaluate, latent_stats
+    from vgen.train.kl import evaluate
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

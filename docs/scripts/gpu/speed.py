@@ -1,8 +1,13 @@
 """Eager timings of photos-gpt's samplers on one device: rounds interleave the samplers, so a slow spell hits every
 cell of a round. Usage: python docs/scripts/gpu/speed.py out.json  (vgen from PYTHONPATH; DEVICE=cuda by default;
 ROUNDS timed rounds after one warm-up round)."""
-import json, os, sys, time
+import json
+import os
+import sys
+import time
+
 import torch
+
 import vgen
 
 DEVICE = os.environ.get("DEVICE", "cuda")

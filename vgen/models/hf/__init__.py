@@ -38,8 +38,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from vgen.errors import VGenError
-from vgen.models.hf.adapter import (Family, TransformersCache, TransformersModel, register_family,  # noqa: F401
-                                    registered)
+from vgen.models.hf.adapter import Family, TransformersCache, TransformersModel, register_family, registered  # noqa: F401
 
 
 def _load_families() -> None:

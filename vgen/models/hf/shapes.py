@@ -18,8 +18,13 @@ JANUS_BOS, JANUS_PAD, JANUS_BOI = 0, 1, 3
 
 def janus(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64, vocab=64, codes=8, grid=(2, 2), seed=0, std=None):
     """A JanusForConditionalGeneration with random weights (``std``: the init's std, larger = peakier logits)."""
-    from transformers import (JanusConfig, JanusForConditionalGeneration, JanusVisionConfig, JanusVQVAEConfig,
-                              LlamaConfig)
+    from transformers import (
+        JanusConfig,
+        JanusForConditionalGeneration,
+        JanusVisionConfig,
+        JanusVQVAEConfig,
+        LlamaConfig,
+    )
     g = grid[0]
     text = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=16384,
