@@ -243,6 +243,8 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                   "pass_histogram"):
             if k in r0:
                 row[k] = r0[k]
+        if sum(row.get("pass_histogram") or []):  # the share of passes that decided one token (no draft accepted)
+            row["single_token_share"] = row["pass_histogram"][0] / sum(row["pass_histogram"])
         rows.append(row)
     _ratios(rows, p)
     rep = {

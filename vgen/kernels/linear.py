@@ -1,13 +1,10 @@
 """Decode-friendly linear layer.
 
-At decode time a linear sees a handful of rows (batch x CFG), so it is bound by streaming the weight.
-On CPU, MKL streams a row-major weight ~1.5-1.9x faster as ``W @ x^T`` than as ``x @ W^T`` (what
-``F.linear`` does) for up to a few dozen rows; for more rows (training, prefill) ``F.linear`` wins.
-That is a measurement of CPUs: on any other device it is plain ``F.linear``. On an H200 (docs/benchmarks-gpu.md)
-``W @ x^T`` won at 8 rows of a 256-wide float32 layer (4x, where cuBLAS's float32 kernel choice was poor) but
-lost at 2-4 rows in every dtype and at 8 rows of GPT-XL's float32 layers; TF32 fixed the 8-row case instead
-(:mod:`vgen.kernels.precision`). :data:`SMALL_ROWS` is per device type, so such a measurement can try it. Same
-parameters and state-dict keys as ``nn.Linear``.
+At decode time a linear sees a handful of rows (batch x CFG), so it is bound by streaming the weight. On CPU, MKL
+streams a row-major weight faster as ``W @ x^T`` than as ``x @ W^T`` (what ``F.linear`` does) for up to a few dozen
+rows; for more rows (training, prefill) ``F.linear`` wins. That holds for CPUs only: on any other device it is plain
+``F.linear`` (on CUDA it lost at most row counts; docs/benchmarks-gpu.md has both measurements). :data:`SMALL_ROWS` is
+per device type, so a measurement can try it elsewhere. Same parameters and state-dict keys as ``nn.Linear``.
 """
 from __future__ import annotations
 

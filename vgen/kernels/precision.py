@@ -6,10 +6,9 @@ True`` before anything runs, so their float32 models multiply in TF32 on a GPU. 
 the command only: a command run in process (tests, notebooks) leaves the caller's setting as it found it. Python
 callers of the library keep PyTorch's setting, theirs to choose.
 
-It matters beyond the last bits: on an H200, cuBLAS's full-float32 kernels for 8 rows (a 4-token speculative pass
-with CFG) on photos-gpt's 256-wide layers took 2.8x the time of the same layers at 16 rows, which made every
-4-token pass cost 2.4x AR's step; in TF32 every width costs within 7% of AR's step
-(docs/benchmarks-gpu.md). CPUs and half-precision models are unaffected. Samplers stay exact: they reproduce the
+It matters beyond the last bits: cuBLAS's full-float32 kernel choice for a few rows (a 4-token speculative pass
+with CFG on a small model) can make a wide pass cost several times AR's step, which TF32 avoids (the measurements
+are in docs/benchmarks-gpu.md). CPUs and half-precision models are unaffected. Samplers stay exact: they reproduce the
 distribution of the model's logits, whatever precision computed them.
 """
 from __future__ import annotations

@@ -125,10 +125,8 @@ def compile_value(value) -> bool | str:
 # break-even they give are in docs/compile.md.
 AUTO_SAVED_S_PER_PASS = 0.003
 AUTO_WARMUP_S = 70.0
-# The same on CUDA, where the compiled step is a CUDA graph (docs/benchmarks-gpu.md, an H100): a pass saves 8.5 ms
-# (LlamaGen B) to 24 ms (XL), about 3.5 ms on photos-gpt (its eager step on an H200 less its graph on the H100); the
-# first compiled call takes 12 s (B) to 33 s (XL). The smallest saving and the largest warm-up: compile=auto
-# compiles jobs from about 37 images of 256 tokens at batch 1.
+# The same on CUDA, where the compiled step is a CUDA graph: the smallest saving per pass and the largest warm-up
+# measured over LlamaGen's shapes and photos-gpt (docs/compile.md, docs/benchmarks-gpu.md).
 CUDA_SAVED_S_PER_PASS = 0.0035
 CUDA_WARMUP_S = 33.0
 _JOB: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("vgen_sampling_job", default=None)

@@ -61,8 +61,8 @@ class EagleOptions(GSDRuleOptions, LanternRuleOptions, SpeculativeOptions):
                                "timed once per model, device, settings and the job's batch size")
     max_window: int = option(8, "window=auto: the widest window it tries (it times 2, 3, 4, 6 and 8 up to this, and "
                              "this one)")
-    delta: float = option(0.2, "accept=lantern: total-variation budget per token (0.2: FID-photo within 5% of AR's "
-                          "on photos-gpt at 1.8x AR; the LANTERN paper's and the lantern sampler's default is 0.1)")
+    delta: float = option(0.2, "accept=lantern: total-variation budget per token (the speed and FID-photo it trades "
+                          "are in docs/samplers.md; the LANTERN paper's and the lantern sampler's default is 0.1)")
     accept: str = option("exact", "acceptance rule: exact (speculative sampling, AR's distribution), lantern "
                          "(relaxed, drift <= delta per token) or gsd (grouped, not lossless)", choices=ACCEPT)
     verify: str = option("block", "accept=exact with a chain: check the drafts jointly (block: block verification, "
