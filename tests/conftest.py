@@ -160,7 +160,7 @@ def _short_timed_calibration():
     """window=auto's timed calibration on 4 samples per run instead of 8 (tests check what it decides and caches,
     not how well 8 samples time a zoo model; 3 paired rounds x (AR + each width) runs per calibration), and for jobs
     of any size (a test's few samples would otherwise run at the small-job width: test_small_jobs_skip_the_timing)."""
-    from vgen.samplers.spec import widths
+    from vgen.samplers.speculative import widths
     old = widths.TIMED_SAMPLES, widths.TIMED_JOB_RATIO
     widths.TIMED_SAMPLES, widths.TIMED_JOB_RATIO = 4, 0
     yield

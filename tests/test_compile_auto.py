@@ -61,8 +61,8 @@ def test_auto_counts_passes_and_batch_shapes():
 def seen(monkeypatch):
     """The option ``compile`` every sampler's ``_run`` gets (no compiling: ``compiled`` is the identity)."""
     import vgen.samplers.ar as ar
-    import vgen.samplers.spec.scheduler as sched
-    import vgen.samplers.speculative as spec
+    import vgen.samplers.speculative.sampler as spec
+    import vgen.samplers.speculative.scheduler as sched
     from vgen.samplers import sampler_class
     got = []
     monkeypatch.setattr(ar, "compiled", lambda fn, dynamic=False, device="cpu": fn)

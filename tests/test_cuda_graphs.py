@@ -199,7 +199,7 @@ def test_reading_the_counts_one_pass_late_gives_the_same_bytes(tiny_gpt, monkeyp
     import torch.nn.functional as F
 
     from vgen.models.drafter import Drafter
-    from vgen.samplers.spec import scheduler
+    from vgen.samplers.speculative import scheduler
     if name == "lantern":
         opts = dict(opts, codebook=F.normalize(torch.randn(tiny_gpt.vocab_size, 8,
                                                            generator=torch.Generator().manual_seed(0)), dim=-1))

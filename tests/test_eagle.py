@@ -99,7 +99,7 @@ def test_draft_distribution_is_the_targets_filter_over_its_top_k():
     from exact import chi2_p
 
     from vgen.kernels.verify import window_target
-    from vgen.samplers.eagle import dense, draft_dist, draw
+    from vgen.samplers.speculative.head import dense, draft_dist, draw
     g = torch.Generator().manual_seed(0)
     V = 50
     logits = torch.randn(4, 3, V, generator=g) * 2  # rows [cond; uncond] of 2 samples, 3 positions
@@ -465,7 +465,7 @@ def test_window_auto_times_ar_and_each_window_once_per_job_batch(tiny_gpt, tmp_p
     the fastest window, whose tokens are that fixed window's, or AR's loop (AR's tokens) when none beats it."""
     import json
 
-    from vgen.samplers.spec import widths as speculative
+    from vgen.samplers.speculative import widths as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     d = make_drafter(tiny_gpt, seed=1)
     kw = dict(cfg_scale=2.0, top_k=10, draft=d)
@@ -491,9 +491,9 @@ def test_eagle_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     cached), the prior's chain width or AR's loop (its tokens exactly), or with a tree the tree or AR's loop; a job
     that repays it is timed."""
     from vgen.samplers.base import sampling_job
-    from vgen.samplers.spec import widths
+    from vgen.samplers.speculative import widths
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
-    from vgen.samplers.spec import prior
+    from vgen.samplers.speculative import prior
     monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
     monkeypatch.setattr(prior, "PRIOR_BUDGET", 1e6)  # as a long job's budget (the tiny model's 32 tokens are short)
     kw = dict(cfg_scale=2.0, top_k=10, draft=make_drafter(tiny_gpt, seed=1))
@@ -539,7 +539,7 @@ def test_tree_verification_keeps_the_target_distribution_per_node(children):
     draws, or q's three most likely tokens as one-hot proposals); over 200k uniforms the decided first token follows
     p (chi-square), and a wrong target (q) is rejected by the same counts (power)."""
     from vgen.kernels.tree import StaticTree, parse_tree, tree_verify
-    from vgen.samplers.spec.rules import TokenRule
+    from vgen.samplers.speculative.rules import TokenRule
     g = torch.Generator().manual_seed(0)
     V, B = 6, 200_000
     p = torch.tensor([0.05, 0.3, 0.0, 0.25, 0.3, 0.1])

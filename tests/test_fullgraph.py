@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vgen.samplers.ar
-import vgen.samplers.spec.scheduler
+import vgen.samplers.speculative.scheduler
 import vgen.samplers.zipar
 from vgen.samplers import sample
 
@@ -24,9 +24,9 @@ CASES = [
     ("ar", vgen.samplers.ar, {}),
     ("ar", vgen.samplers.ar, dict(draw="gumbel")),
     ("zipar", vgen.samplers.zipar, dict(window=2)),
-    ("sjd", vgen.samplers.spec.scheduler, dict(window=4, init="vertical")),
-    ("scd", vgen.samplers.spec.scheduler, dict(window=4)),
-    ("sjd", vgen.samplers.spec.scheduler, dict(window=4, coupling="maximal")),
+    ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, init="vertical")),
+    ("scd", vgen.samplers.speculative.scheduler, dict(window=4)),
+    ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, coupling="maximal")),
 ]
 
 
@@ -48,7 +48,7 @@ def test_fullgraph_eagle_chain_step(tiny_gpt, monkeypatch):
     d = Drafter(tiny_gpt.config, "block").eval()
     kw = dict(seed=3, cfg_scale=2.0, top_k=8, window=4, draft=d)
     eager, _ = sample(tiny_gpt, [0, 1, 2], "eagle", **kw)
-    monkeypatch.setattr(vgen.samplers.spec.scheduler, "compiled", fullgraph)
+    monkeypatch.setattr(vgen.samplers.speculative.scheduler, "compiled", fullgraph)
     COMPILED.clear()
     traced, _ = sample(tiny_gpt, [0, 1, 2], "eagle", compile=True, **kw)
     assert COMPILED == ["chain_step"]

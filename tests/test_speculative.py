@@ -16,8 +16,8 @@ from vgen.kernels.neighbours import latent_neighbours
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import correction
 from vgen.samplers import sample
-from vgen.samplers.spec.jacobi import INITS
-from vgen.samplers.spec.rules import LanternRule
+from vgen.samplers.speculative.jacobi import INITS
+from vgen.samplers.speculative.rules import LanternRule
 
 OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
 N = 20_000
@@ -87,7 +87,7 @@ def test_temporal_drafts_copy_the_previous_frame():
     """Drafts come from the same (h, w) one frame back (vertical in the first frame), across window sizes that
     span more than a frame; image models refuse init=temporal with the fix."""
     from vgen.models import build
-    from vgen.samplers.spec.jacobi import fresh_drafts
+    from vgen.samplers.speculative.jacobi import fresh_drafts
     grid = (3, 2, 2)
     tokens = torch.arange(100, 112)[None]  # token value = 100 + raster index
     p = torch.full((1, 200), 1 / 200)
@@ -267,7 +267,7 @@ def test_cfg_interval_and_greedy_match_ar(tiny_gpt):
 
 
 def test_cost_aware_width_choice():
-    from vgen.samplers.spec.widths import best_width, expected_tokens
+    from vgen.samplers.speculative.widths import best_width, expected_tokens
     costs = {1: 1.0, 2: 1.3, 4: 1.8}
     assert expected_tokens(0.5, 4, 256) == pytest.approx(1.875) and expected_tokens(0.5, 4, 2) == pytest.approx(1.5)
     assert best_width(costs, 0.0, 256) == 1      # nothing passes: a plain AR step
@@ -276,7 +276,7 @@ def test_cost_aware_width_choice():
     assert best_width(costs, 0.9, 1) == 1        # one token left: no draft can help
     # at batch 8 a sample that widens alone pays the pass's whole extra cost: 1/8 + 0.3 for width 2
     assert best_width(costs, 0.9, 256, batch=8) == 1 and best_width(costs, 0.9, 256, batch=2) == 4
-    from vgen.samplers.spec.widths import can_pay
+    from vgen.samplers.speculative.widths import can_pay
     assert can_pay(costs) and not can_pay(costs, batch=8)   # 2 / 0.425 < 1 / 0.125: never, whatever passes
     assert not can_pay({1: 1.0, 2: 2.5, 4: 5.0})            # even at batch 1 when a draft costs more than a step
 
@@ -322,7 +322,7 @@ def test_timed_choice_needs_a_paired_win_beyond_the_noise(monkeypatch):
     log ratio clears the margin and its lower 95% bound clears AR's loop; the qualified width with the best mean
     wins. While the leading width neither qualifies nor is ruled out, the choice is open (None, more rounds); with
     the rounds spent, a width that won two rounds by a lot and lost one does not run."""
-    from vgen.samplers.spec import widths as speculative
+    from vgen.samplers.speculative import widths as speculative
     choose = speculative.timed_choice
     ar3 = [100, 100, 100]
     assert choose({1: ar3, 2: [125, 120, 130], 4: [140, 112, 150]}) == 4  # both qualify: mean 1.33 vs 1.25
@@ -347,7 +347,7 @@ def test_timed_choice_needs_a_paired_win_beyond_the_noise(monkeypatch):
 def test_timed_rounds_add_rounds_for_ar_and_two_leaders_only_while_open():
     """The schedule: three rounds of everything; a decided choice stops there; an open one times AR's loop and the
     two widths with the best mean ratio again, round by round, until it is decided or TIMED_MAX_ROUNDS."""
-    from vgen.samplers.spec import widths as W
+    from vgen.samplers.speculative import widths as W
     calls = []
 
     def timer(table):
@@ -392,7 +392,7 @@ def test_timed_rule_picks_better_widths_under_simulated_noise():
 def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
     """window=auto: AR's loop and widths 2 / 4 are timed whole once (cached per settings and job batch); the job
     runs the fastest width (that fixed width's tokens) or AR's loop (AR's tokens) when none beats it by the margin."""
-    from vgen.samplers.spec import widths as speculative
+    from vgen.samplers.speculative import widths as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
     first, st = sample(tiny_gpt, [0, 1], "sjd", seed=2, **kw)
@@ -435,9 +435,9 @@ def test_small_jobs_skip_the_timing(tiny_gpt, tmp_path, monkeypatch):
     prior's width (its tokens exactly, its pass costs and tokens per pass cached, the stats naming it); a job large
     enough, one whose timing is cached, or any job inside ``time_any_job`` (vgen bench's cells) times / uses it."""
     from vgen.samplers.base import sampling_job
-    from vgen.samplers.spec import widths
+    from vgen.samplers.speculative import widths
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
-    from vgen.samplers.spec import prior
+    from vgen.samplers.speculative import prior
     monkeypatch.setattr(widths, "TIMED_JOB_RATIO", 4)
     kw = dict(top_k=10, max_window=4, cfg_scale=2.0)
     need = widths.TIMED_JOB_RATIO * widths.timing_samples([2, 4], 2)
@@ -478,7 +478,7 @@ def test_prior_chooses_ar_where_wide_passes_cost_too_much():
     prior runs AR's loop; at batch 1 passes cost little more than AR's step and the widest pays. The margin is
     larger past batch 1, where one pass's cost misses the scheduler's work and the wait for a batch's slowest
     sample."""
-    from vgen.samplers.spec.prior import PRIOR_BATCH_MARGIN, PRIOR_MARGIN, prior_choice, tokens_at
+    from vgen.samplers.speculative.prior import PRIOR_BATCH_MARGIN, PRIOR_MARGIN, prior_choice, tokens_at
     sjd = {2: 1.31, 4: 1.68, 8: 1.87}  # sjd's tokens per pass on photos-gpt at fixed widths
     batch8 = {0: 7.9, 2: 11.2, 4: 14.8, 8: 21.4}
     batch1 = {0: 4.4, 2: 5.2, 4: 6.3, 8: 6.8}
@@ -497,7 +497,7 @@ def test_prior_chooses_ar_where_wide_passes_cost_too_much():
 
 def test_pass_costs_measured_once_and_cached(tiny_gpt, tmp_path, monkeypatch):
     """scd's job rule prices widths from per-pass costs: measured once per settings and job batch, cached."""
-    from vgen.samplers import speculative
+    from vgen.samplers.speculative import sampler as speculative
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
     calls = []
     real = speculative.pass_costs
@@ -612,7 +612,7 @@ def test_weight_dependent_tables_are_keyed_by_the_weights(tiny_gpt):
     must not read another's (the key held the architecture only)."""
     import copy
 
-    from vgen.samplers.spec.widths import fingerprint
+    from vgen.samplers.speculative.widths import fingerprint
     a = fingerprint(tiny_gpt)
     assert fingerprint(tiny_gpt) == a
     other = copy.deepcopy(tiny_gpt)

@@ -30,7 +30,7 @@ from vgen.kernels.decode import ar_decode_step, compiled
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import window_target
 from vgen.models.drafter import load_drafter
-from vgen.samplers.eagle import dense, draft_dist, draw
+from vgen.samplers.speculative.head import dense, draft_dist, draw
 
 
 def interleaved_ms(parts: dict, n=200) -> dict:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import vgen
 import vgen.kernels.linear as KL
-import vgen.samplers.eagle as E
+import vgen.samplers.speculative.head as E
 from vgen.models.drafter import InferenceHead, load_drafter
 
 HEAD: dict = {}  # the eagle runs' drafter option (--drafter)

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 import vgen  # noqa: E402
-import vgen.samplers.eagle as E  # noqa: E402
+import vgen.samplers.speculative.head as E  # noqa: E402
 from vgen.models.drafter import InferenceHead  # noqa: E402
 
 PARTS = ["draft_dist", "draw", "dense", "window_target", "verify", "catch_up", "draft_chain", "chain_step", "advance"]

@@ -18,9 +18,9 @@ import torch
 
 from vgen.kernels.decode import compiled
 from vgen.pipeline import Pipeline
-from vgen.samplers.spec.jacobi import jacobi_step
-from vgen.samplers.spec.rules import TokenRule
-from vgen.samplers.spec.scheduler import SlotState, StepConfig
+from vgen.samplers.speculative.jacobi import jacobi_step
+from vgen.samplers.speculative.rules import TokenRule
+from vgen.samplers.speculative.scheduler import SlotState, StepConfig
 
 FAMILIES = [("linear", ("mm", "addmm", "linear", "matmul", "bmm")), ("attention", ("attention", "sdpa", "_scaled")),
             ("sort/top-k", ("topk", "sort", "cumsum", "searchsorted")), ("softmax", ("softmax",)),

@@ -3,7 +3,7 @@
 Each timed run takes (true time) x exp(N(0, sigma)) x (a slow spell of 1.15-1.45x with probability p_spell), the
 kind of noise this 2-core CPU shows (docs/lab/benchmarks-log.md). For a few sets of true speed ratios against AR's
 loop, many simulated timings go through the rule before the sequential rounds (3 rounds, best median >= 1.1, no
-round below 1.0) and through vgen's rule (`vgen.samplers.spec.widths.timed_choice`: mean log ratio >= log 1.05 and a lower
+round below 1.0) and through vgen's rule (`vgen.samplers.speculative.widths.timed_choice`: mean log ratio >= log 1.05 and a lower
 95% bound >= 0, more rounds for AR's loop and the two leading widths while open, up to 7).
 Prints, per case and rule: the mean true ratio of the chosen width (AR's loop = 1), how often the choice is truly
 slower than AR's loop, how often it is the truly best option, and the runs the timing spent.
@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from vgen.samplers.spec import widths as W
+from vgen.samplers.speculative import widths as W
 
 CASES = {
     "eagle-like (2: 1.06, 3: 1.12, 4: 1.18, 6: 1.12)": {2: 1.06, 3: 1.12, 4: 1.18, 6: 1.12},

@@ -171,7 +171,7 @@ def run(p: Plan) -> tuple[dict, dict]:
     from tqdm.auto import tqdm
 
     from vgen.pipeline import pipeline_for
-    from vgen.samplers.spec.widths import time_any_job
+    from vgen.samplers.speculative.widths import time_any_job
     cfg = p.cfg
     pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
 
@@ -185,7 +185,7 @@ def run(p: Plan) -> tuple[dict, dict]:
         cond = pipe.encode(examples(pipe.card, n))
         t0 = time.perf_counter()
         # window=auto as a large job runs it (timed), or with as_jobs as a job of n samples would (a small one: the
-        # prior, vgen.samplers.spec.prior)
+        # prior, vgen.samplers.speculative.prior)
         with contextlib.nullcontext() if cfg.get("as_jobs", False) else time_any_job():
             _, st = pipe.sample_tokens(sampler, cond, [cfg.seed + i for i in range(n)], batch_size=b)
         per_depth = {"accepted_by_depth": st["accepted_by_depth"]} if "accepted_by_depth" in st else {}
@@ -356,7 +356,7 @@ def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int, job_
     from vgen.samplers.base import sampling_job
     pipe = pipes[model]
     name, o = p.sampler_options(setting, model)
-    from vgen.samplers.spec.widths import time_any_job
+    from vgen.samplers.speculative.widths import time_any_job
     with sampling_job(n, job_batch or max(p.cfg.batch_sizes)), time_any_job():  # as the timed cells ran
         return pipe.generate(**examples(pipe.card, n).record(), sampler=name, seed=p.cfg.seed,
                              batch_size=max(p.cfg.batch_sizes), **o).pixels

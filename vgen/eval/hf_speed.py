@@ -210,7 +210,7 @@ def run_zoo(cfg) -> dict:
     from vgen import validate
     from vgen.pipeline import load_pipeline
     from vgen.samplers import get_sampler, sample
-    from vgen.samplers.spec.widths import time_any_job
+    from vgen.samplers.speculative.widths import time_any_job
     cells = check_zoo(cfg)
     if not cells:
         return {}

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vgen.samplers.base import register_sampler
-from vgen.samplers.spec.rules import GSDRuleOptions
 from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
+from vgen.samplers.speculative.rules import GSDRuleOptions
 
 
 @dataclass
@@ -22,7 +22,7 @@ class GSDOptions(GSDRuleOptions, JacobiSpecOptions):
 
 @register_sampler
 class GSDSampler(SpeculativeSampler):
-    """Jacobi drafts checked by GSD's grouped rule (:class:`~vgen.samplers.spec.rules.GSDRule`)."""
+    """Jacobi drafts checked by GSD's grouped rule (:class:`~vgen.samplers.speculative.rules.GSDRule`)."""
     name = "gsd"
     Options = GSDOptions
     needs_codebook = True

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vgen.samplers.base import register_sampler
-from vgen.samplers.spec.rules import LanternRuleOptions
 from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
+from vgen.samplers.speculative.rules import LanternRuleOptions
 
 
 @dataclass
@@ -30,7 +30,7 @@ class LanternOptions(LanternRuleOptions, JacobiSpecOptions):
 
 @register_sampler
 class LanternSampler(SpeculativeSampler):
-    """Jacobi drafts checked by LANTERN's relaxed rule (:class:`~vgen.samplers.spec.rules.LanternRule`)."""
+    """Jacobi drafts checked by LANTERN's relaxed rule (:class:`~vgen.samplers.speculative.rules.LanternRule`)."""
     name = "lantern"
     Options = LanternOptions
     needs_codebook = True

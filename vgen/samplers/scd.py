@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vgen.samplers.base import option, register_sampler
-from vgen.samplers.spec.jacobi import COUPLINGS
 from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
+from vgen.samplers.speculative.jacobi import COUPLINGS
 
 
 @dataclass

@@ -15,7 +15,7 @@ from vgen.samplers.speculative import JacobiSpecOptions, SpeculativeSampler
 
 @register_sampler
 class SJDSampler(SpeculativeSampler):
-    """Jacobi drafts (:class:`~vgen.samplers.spec.jacobi.JacobiDrafts`), the exact token rule
-    (:class:`~vgen.samplers.spec.rules.TokenRule`)."""
+    """Jacobi drafts (:class:`~vgen.samplers.speculative.jacobi.JacobiDrafts`), the exact token rule
+    (:class:`~vgen.samplers.speculative.rules.TokenRule`)."""
     name = "sjd"
     Options = JacobiSpecOptions

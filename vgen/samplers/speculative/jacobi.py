@@ -21,8 +21,8 @@ from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import gather_rows, maximal_coupling, verify
 from vgen.samplers.base import Options, option
-from vgen.samplers.spec.scheduler import SlotState, StepConfig, advance
-from vgen.samplers.spec.widths import parse_costs
+from vgen.samplers.speculative.scheduler import SlotState, StepConfig, advance
+from vgen.samplers.speculative.widths import parse_costs
 
 INITS = ("random", "horizontal", "vertical", "sample", "temporal")
 FRESH_Q = ("proposal", "onehot")
@@ -162,7 +162,7 @@ def jacobi_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, ru
 
 
 class JacobiDrafts:
-    """The Jacobi draft source (:class:`vgen.samplers.spec.scheduler.DraftSource`) for one run of ``slots`` slots."""
+    """The Jacobi draft source (:class:`vgen.samplers.speculative.scheduler.DraftSource`) for one run of ``slots`` slots."""
     step_fn = staticmethod(jacobi_step)
 
     def __init__(self, model, config: StepConfig, options: JacobiOptions, slots: int):

@@ -1,17 +1,17 @@
 """Speculative decoding: a draft source proposes ``window - 1`` tokens per sample, the target checks them all in one
 forward pass with an acceptance rule, and a slot scheduler keeps every sample moving at its own pace.
 
-A :class:`SpeculativeSampler` is those three parts put together (:mod:`vgen.samplers.spec`):
+A :class:`SpeculativeSampler` is those three parts put together (:mod:`vgen.samplers.speculative`):
 
-* a **draft source** (:class:`~vgen.samplers.spec.scheduler.DraftSource`): the model itself by Jacobi iteration
-  (:class:`~vgen.samplers.spec.jacobi.JacobiDrafts`: ``sjd``, ``gsd``, ``lantern``, ``scd``) or a trained draft
-  head's chain or tree (:mod:`vgen.samplers.eagle`);
-* an **acceptance rule** (:class:`~vgen.samplers.spec.rules.AcceptanceRule`): exact token by token, block, LANTERN or
+* a **draft source** (:class:`~vgen.samplers.speculative.scheduler.DraftSource`): the model itself by Jacobi iteration
+  (:class:`~vgen.samplers.speculative.jacobi.JacobiDrafts`: ``sjd``, ``gsd``, ``lantern``, ``scd``) or a trained draft
+  head's chain or tree (:mod:`vgen.samplers.speculative.head`, composed by :mod:`vgen.samplers.eagle`);
+* an **acceptance rule** (:class:`~vgen.samplers.speculative.rules.AcceptanceRule`): exact token by token, block, LANTERN or
   GSD, all on the one vectorised verification core (:func:`vgen.kernels.verify.verify`);
-* the **scheduler** (:class:`~vgen.samplers.spec.scheduler.Scheduler`): continuous batching, prefixes, progress and
+* the **scheduler** (:class:`~vgen.samplers.speculative.scheduler.Scheduler`): continuous batching, prefixes, progress and
   step maps;
 
-plus the width policy of ``window=auto`` (:mod:`vgen.samplers.spec.widths`). A sampler names its source and rule
+plus the width policy of ``window=auto`` (:mod:`vgen.samplers.speculative.widths`). A sampler names its source and rule
 (:meth:`SpeculativeSampler.draft_source`, :meth:`SpeculativeSampler.acceptance`) and its options; nothing else.
 
 Every decided token is drawn from the target's distribution p at its position (CFG-guided, temperature-scaled,
@@ -29,11 +29,11 @@ from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.decode import compiled
 from vgen.samplers.base import Sampler, SamplingOptions, get_sampler, job_shape, option
-from vgen.samplers.spec.jacobi import JacobiDrafts, JacobiOptions
-from vgen.samplers.spec.prior import prior_width
-from vgen.samplers.spec.rules import TokenRule
-from vgen.samplers.spec.scheduler import Scheduler, StepConfig
-from vgen.samplers.spec.widths import (
+from vgen.samplers.speculative.jacobi import JacobiDrafts, JacobiOptions
+from vgen.samplers.speculative.prior import prior_width
+from vgen.samplers.speculative.rules import TokenRule
+from vgen.samplers.speculative.scheduler import Scheduler, StepConfig
+from vgen.samplers.speculative.widths import (
     WIDTHS,
     WidthPolicy,
     best_job_width,
@@ -76,7 +76,7 @@ class SpeculativeOptions(SamplingOptions):
 
 @dataclass
 class JacobiSpecOptions(JacobiOptions, SpeculativeOptions):
-    """A speculative sampler whose model drafts for itself (:mod:`vgen.samplers.spec.jacobi`)."""
+    """A speculative sampler whose model drafts for itself (:mod:`vgen.samplers.speculative.jacobi`)."""
 
 
 class SpeculativeSampler(Sampler):
@@ -86,9 +86,9 @@ class SpeculativeSampler(Sampler):
     Options = JacobiSpecOptions
     prefix = True
     # window=auto: "timed" runs the width (or AR's loop) with the most tokens per second in whole timed runs
-    # (:func:`~vgen.samplers.spec.widths.timed_width`; a Jacobi source with ``costs`` given chooses each sample's
-    # width before every pass, :class:`~vgen.samplers.spec.widths.WidthPolicy`); "job": one width for the whole job
-    # from the pass costs and calibrated tokens per pass (:func:`~vgen.samplers.spec.widths.pass_tokens`)
+    # (:func:`~vgen.samplers.speculative.widths.timed_width`; a Jacobi source with ``costs`` given chooses each sample's
+    # width before every pass, :class:`~vgen.samplers.speculative.widths.WidthPolicy`); "job": one width for the whole job
+    # from the pass costs and calibrated tokens per pass (:func:`~vgen.samplers.speculative.widths.pass_tokens`)
     width_rule = "timed"
 
     def acceptance(self, model, codebook):
@@ -181,8 +181,8 @@ class SpeculativeSampler(Sampler):
     def auto_width(self, model, batch: int, samples: int, codebook=None, draft=None,
                    progress: bool = False) -> tuple[int, str]:
         """window=auto's one width for a job of ``samples`` samples, ``batch`` per pass (1: AR's loop), and how it
-        was chosen: "timed" or "cached" (:func:`~vgen.samplers.spec.widths.timed_width`), or for a job too small to
-        repay the timing "prior" or "fallback" (:func:`~vgen.samplers.spec.prior.prior_width`)."""
+        was chosen: "timed" or "cached" (:func:`~vgen.samplers.speculative.widths.timed_width`), or for a job too small to
+        repay the timing "prior" or "fallback" (:func:`~vgen.samplers.speculative.prior.prior_width`)."""
         timed = timed_width(self, model, self.timed_widths(), batch, lambda w, c, s: self.run_width(
             w, model, c, s, batch, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
             progress=progress)
@@ -199,7 +199,7 @@ class SpeculativeSampler(Sampler):
 
     def per_pass(self, model, cond, seeds, progress, batch_size, codebook, prefix, draft, given: str):
         """window=auto with given relative costs: each sample's width before every pass
-        (:class:`~vgen.samplers.spec.widths.WidthPolicy`; batch-invariant: the costs are one sample's)."""
+        (:class:`~vgen.samplers.speculative.widths.WidthPolicy`; batch-invariant: the costs are one sample's)."""
         costs = {w: c for w, c in parse_costs(given).items() if w <= self.options.max_window}
         if not can_pay(costs, 1):  # no width pays even if every draft passes: AR's loop
             return self.run_chosen(1, "per-pass", model, cond, seeds, progress, batch_size, codebook, prefix, draft)

@@ -3,7 +3,7 @@ maps around one draft source's passes.
 
 ``slots`` samples decode at once, each at its own position (ragged batches: no sample waits for another). A pass
 feeds every slot's last decided token and its drafts, verifies them (the source's step function, with the run's
-:class:`AcceptanceRule <vgen.samplers.spec.rules.AcceptanceRule>`), and moves each slot's decided count; when a
+:class:`AcceptanceRule <vgen.samplers.speculative.rules.AcceptanceRule>`), and moves each slot's decided count; when a
 sample finishes, the next one is prefilled into its slot, so a long job never waits for the slowest sample of a
 batch. The KV cache needs no rollback: slots are positions, and the next pass overwrites the slots past the
 decided prefix.

@@ -25,7 +25,7 @@ import torch
 from vgen.errors import VGenError
 from vgen.kernels.gumbel import gumbel_keys
 from vgen.samplers.base import example_cond
-from vgen.samplers.spec.scheduler import SlotState, StepConfig
+from vgen.samplers.speculative.scheduler import SlotState, StepConfig
 
 
 def parse_costs(text: str) -> dict[int, float]:
@@ -171,7 +171,7 @@ _T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8:
 TIMED_SAMPLES = 8  # samples per timed run (at least the job's batch), classes spread over the model's, fixed seeds
 # A job times the widths only when it has TIMED_JOB_RATIO times the samples the timing draws (or the timing is cached):
 # a smaller one would spend more on timing than any width can save it (minutes on a 2-core CPU for
-# `vgen sample num_samples=1`); window=auto's prior decides for it instead (vgen.samplers.spec.prior).
+# `vgen sample num_samples=1`); window=auto's prior decides for it instead (vgen.samplers.speculative.prior).
 TIMED_JOB_RATIO = 4
 
 
@@ -260,7 +260,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
     get one untimed run of ``batch`` samples first, so no compilation is timed). Tokens per second per round are cached in
     ``$VGEN_CACHE/spec_speed.json`` per sampler, model, ``ident`` (e.g. a draft head's digest), dtype, device,
     threads, torch version, settings and batch; :func:`timed_choice` decides. ``job``: the job's samples; a job too
-    small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing: :mod:`~vgen.samplers.spec.prior`). ``progress``: a bar that says
+    small to repay an uncached timing (``TIMED_JOB_RATIO``) gets None (no timing: :mod:`~vgen.samplers.speculative.prior`). ``progress``: a bar that says
     what is being timed."""
     import dataclasses
 

@@ -1,0 +1,22 @@
+"""Speculative decoding, one package: a draft source proposes tokens, the target checks them all in one forward pass
+with an acceptance rule, and a slot scheduler keeps every sample moving at its own pace.
+
+* :mod:`~vgen.samplers.speculative.sampler`: :class:`SpeculativeSampler`, the three parts put together, and the one
+  ``window=auto`` path every speculative sampler takes;
+* :mod:`~vgen.samplers.speculative.scheduler`: the slots (continuous batching, prefixes, progress, step maps,
+  per-pass histograms) that run a draft source's passes;
+* draft sources: :mod:`~vgen.samplers.speculative.jacobi` (the model drafting for itself: Jacobi iteration, its
+  inits and couplings) and :mod:`~vgen.samplers.speculative.head` (a trained draft head's chain and tree);
+* :mod:`~vgen.samplers.speculative.rules`: acceptance rules (exact token by token, block, LANTERN, GSD), each with
+  its own options and validation, on the one vectorised verification core (:func:`vgen.kernels.verify.verify`);
+* ``window=auto``: :mod:`~vgen.samplers.speculative.widths` (timed widths, per-pass and per-job rules, the tables
+  cached on disk) and :mod:`~vgen.samplers.speculative.prior` (small jobs).
+
+A draft source and a rule meet only through :class:`~vgen.samplers.speculative.scheduler.DraftSource`,
+:class:`~vgen.samplers.speculative.rules.AcceptanceRule` and the frozen
+:class:`~vgen.samplers.speculative.scheduler.StepConfig`. The samplers (``sjd``, ``scd``, ``gsd``, ``lantern``,
+``eagle``) are compositions in their own files under :mod:`vgen.samplers`.
+"""
+from vgen.samplers.speculative.sampler import JacobiSpecOptions, SpeculativeOptions, SpeculativeSampler
+
+__all__ = ["JacobiSpecOptions", "SpeculativeOptions", "SpeculativeSampler"]
