@@ -194,7 +194,8 @@ def test_scd_auto_window_is_one_width_per_job(tiny_gpt, tmp_path, monkeypatch):
     """window=auto for scd: one width for the job, the best tokens per second from the pass costs and the calibrated
     tokens per pass (cached, the same for every job); its tokens are the fixed window's (and ar draw=gumbel's)."""
     from vgen.samplers.scd import SCDSampler
-    from vgen.samplers.speculative.widths import best_job_width, pass_tokens
+    from vgen.samplers.speculative.tables import pass_tokens
+    from vgen.samplers.speculative.widths import best_job_width
     assert best_job_width({1: 1.0, 2: 1.1, 4: 1.4}, {2: 1.5, 4: 2.2}) == 4      # 2.2 / 1.4 > 1.5 / 1.1 > 1
     assert best_job_width({1: 1.0, 2: 1.6, 4: 2.5}, {2: 1.5, 4: 2.2}) == 1      # no width beats a plain step
     assert best_job_width({1: 1.0, 2: 1.4, 4: 1.6}, {2: 1.5, 4: 1.9}) == 1     # 1.19 at best: inside the margin

@@ -612,7 +612,7 @@ def test_weight_dependent_tables_are_keyed_by_the_weights(tiny_gpt):
     must not read another's (the key held the architecture only)."""
     import copy
 
-    from vgen.samplers.speculative.widths import fingerprint
+    from vgen.samplers.speculative.tables import fingerprint
     a = fingerprint(tiny_gpt)
     assert fingerprint(tiny_gpt) == a
     other = copy.deepcopy(tiny_gpt)

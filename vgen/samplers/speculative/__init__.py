@@ -9,8 +9,9 @@ with an acceptance rule, and a slot scheduler keeps every sample moving at its o
   inits and couplings) and :mod:`~vgen.samplers.speculative.head` (a trained draft head's chain and tree);
 * :mod:`~vgen.samplers.speculative.rules`: acceptance rules (exact token by token, block, LANTERN, GSD), each with
   its own options and validation, on the one vectorised verification core (:func:`vgen.kernels.verify.verify`);
-* ``window=auto``: :mod:`~vgen.samplers.speculative.widths` (timed widths, per-pass and per-job rules, the tables
-  cached on disk) and :mod:`~vgen.samplers.speculative.prior` (small jobs).
+* ``window=auto``: :mod:`~vgen.samplers.speculative.widths` (timed widths, per-pass and per-job rules),
+  :mod:`~vgen.samplers.speculative.prior` (small jobs) and :mod:`~vgen.samplers.speculative.tables` (pass costs and
+  tokens per pass, measured and cached on disk).
 
 A draft source and a rule meet only through :class:`~vgen.samplers.speculative.scheduler.DraftSource`,
 :class:`~vgen.samplers.speculative.rules.AcceptanceRule` and the frozen

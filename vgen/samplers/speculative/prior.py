@@ -8,7 +8,7 @@ after:
 
 * **costs** (:func:`prior_costs`): one eager step of AR's loop and one speculative pass at each width the sampler
   may choose, at the job's batch on a half-filled cache, interleaved, medians of repeats
-  (:func:`~vgen.samplers.speculative.widths.pass_costs`; once per machine, model, dtype, settings and batch, cached in
+  (:func:`~vgen.samplers.speculative.tables.pass_costs`; once per machine, model, dtype, settings and batch, cached in
   ``$VGEN_CACHE/pass_costs.json``);
 * **tokens** (:func:`prior_tokens`): how many tokens a pass decides, from one batch of ``PRIOR_SAMPLES`` samples of
   fixed classes and seeds at the widest width that could pay (the passes that decided 1, 2, ... tokens), eager,
@@ -35,7 +35,7 @@ import torch
 
 from vgen.kernels.decode import ar_decode_step
 from vgen.samplers.base import example_cond
-from vgen.samplers.speculative.widths import fingerprint, pass_costs, width_table
+from vgen.samplers.speculative.tables import fingerprint, pass_costs, width_table
 
 PRIOR_MARGIN = 1.15        # the gain over AR's step a width must promise at batch 1
 PRIOR_BATCH_MARGIN = 1.5   # ... at a larger batch
@@ -79,7 +79,7 @@ def ar_step(model, options, batch: int):
 
 def prior_costs(sampler, model, batch: int, codebook=None, draft=None) -> dict[int, float]:
     """Eager seconds per pass of AR's step (key 0) and of ``sampler`` at each of its timed widths, for ``batch``
-    samples (cached: :func:`~vgen.samplers.speculative.widths.pass_costs`)."""
+    samples (cached: :func:`~vgen.samplers.speculative.tables.pass_costs`)."""
     widths = sampler.timed_widths()
     config = sampler.step_config(model, max(widths))
     source = sampler.draft_source(model, config, batch, draft)

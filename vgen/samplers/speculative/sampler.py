@@ -33,14 +33,13 @@ from vgen.samplers.speculative.jacobi import JacobiDrafts, JacobiOptions
 from vgen.samplers.speculative.prior import prior_width
 from vgen.samplers.speculative.rules import TokenRule
 from vgen.samplers.speculative.scheduler import Scheduler, StepConfig
+from vgen.samplers.speculative.tables import pass_costs, pass_tokens
 from vgen.samplers.speculative.widths import (
     WIDTHS,
     WidthPolicy,
     best_job_width,
     can_pay,
     parse_costs,
-    pass_costs,
-    pass_tokens,
     timed_width,
     worth_timing,
 )
@@ -88,7 +87,7 @@ class SpeculativeSampler(Sampler):
     # window=auto: "timed" runs the width (or AR's loop) with the most tokens per second in whole timed runs
     # (:func:`~vgen.samplers.speculative.widths.timed_width`; a Jacobi source with ``costs`` given chooses each sample's
     # width before every pass, :class:`~vgen.samplers.speculative.widths.WidthPolicy`); "job": one width for the whole job
-    # from the pass costs and calibrated tokens per pass (:func:`~vgen.samplers.speculative.widths.pass_tokens`)
+    # from the pass costs and calibrated tokens per pass (:func:`~vgen.samplers.speculative.tables.pass_tokens`)
     width_rule = "timed"
 
     def acceptance(self, model, codebook):

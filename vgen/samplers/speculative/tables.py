@@ -1,0 +1,135 @@
+"""The tables ``window=auto`` keeps on disk under ``$VGEN_CACHE``, and the measurements that fill them: what a pass
+costs on this machine (:func:`pass_costs`), how many tokens a pass decides on this model (:func:`pass_tokens`), both
+keyed by what they depend on (:func:`width_table`; a model's weights by :func:`fingerprint`). The rules that read
+them are in :mod:`~vgen.samplers.speculative.widths` and :mod:`~vgen.samplers.speculative.prior`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from vgen.kernels.gumbel import gumbel_keys
+from vgen.samplers.base import example_cond
+from vgen.samplers.speculative.scheduler import SlotState, StepConfig
+
+
+def width_table(file: str, ident: list):
+    """A per-width table cached in ``$VGEN_CACHE/<file>`` under the hash of ``ident``: (path, the whole file, this
+    table's key, its known {width: value})."""
+    import hashlib
+    import json
+
+    from vgen.io import cache_dir
+    name = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache_dir() / file
+    try:  # a cache never breaks a run: unreadable, foreign or damaged entries are ignored (and rewritten atomically)
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if not isinstance(table, dict):
+        table = {}
+    entry = table.get(name)
+    try:
+        known = {int(w): v for w, v in entry.items()} if isinstance(entry, dict) else {}
+    except (TypeError, ValueError):
+        known = {}
+    return path, table, name, known
+
+
+def fingerprint(model, values: int = 64) -> str:
+    """A digest of a model's weights cheap enough for every call: each parameter's name, shape and dtype and
+    ``values`` of its entries at a fixed stride. Tables that depend on the weights (acceptance, timed runs) are keyed by
+    it, so a model retrained in the same architecture gets its own (the architecture alone named the entry before)."""
+    import hashlib
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // values)
+            h.update(f"{n}{tuple(p.shape)}{p.dtype}".encode())
+            h.update(flat[::step][:values].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+CALIBRATION_SAMPLES = 8  # one batch, classes spread over the model's (i * classes // 8), seeds 2^62 + i
+
+
+def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, float]:
+    """Tokens per pass of ``sampler`` at each fixed width in ``widths``, from ``CALIBRATION_SAMPLES`` samples of its
+    own in one batch (fixed classes and seeds, so every job and call gets the same table): measured once per model
+    and settings and cached in ``$VGEN_CACHE/pass_tokens.json``. Acceptance does not depend on timing, so the table
+    is the same on every machine (up to float rounding)."""
+    import dataclasses
+
+    from vgen.io import atomic_write_json
+    o = sampler.options
+    settings = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("window", "max_window", "costs")}
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("pass_tokens.json", [sampler.name, model.config_dict(), str(w0.dtype),
+                                                                 settings, CALIBRATION_SAMPLES, "spread",
+                                                                 fingerprint(model)])
+    missing = [w for w in widths if w not in known]
+    if missing:
+        k = CALIBRATION_SAMPLES
+        cond = example_cond(model, k, w0.device)
+        seeds = [2 ** 62 + i for i in range(k)]
+        for w in missing:
+            with torch.inference_mode():
+                _, st = sampler.run_width(w, model, cond, seeds, k, codebook=codebook)
+            known[w] = float(st["accepted_per_step"])
+        table[name] = {str(w): t for w, t in sorted(known.items())}
+        atomic_write_json(path, table)
+    return {w: known[w] for w in widths}
+
+
+def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: list[int], key: tuple,
+               batch: int = 1, repeats: int = 7, ar_step=None, new_cache=None) -> dict[int, float]:
+    """Seconds per pass of ``step`` (a draft source's step function, compiled or not, with its ``step_args`` and
+    the run's ``config`` and ``rule``) at each width for ``batch`` samples, for this model (architecture, dtype,
+    device), thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a
+    warm-up call, on a half-filled cache) and cached in ``$VGEN_CACHE/pass_costs.json``. A wide pass costs more
+    against AR's step at a larger batch (more rows, less per-op overhead to hide them), so the batch is the job's
+    (:func:`vgen.samplers.base.job_shape`): every call and rank of one job uses one table and draws the same
+    widths. ``ar_step(cache)``: AR's own step on the same cache, timed among the widths as width 0. ``new_cache(rows)``:
+    the draft source's cache (default: the model's)."""
+    S = batch
+    from vgen.io import atomic_write_json
+    w0 = next(model.parameters())
+    path, table, name, known = width_table("pass_costs.json", [
+        model.config_dict(), str(w0.dtype), w0.device.type, S, torch.get_num_threads(), torch.__version__,
+        [str(k) for k in key], config.cfg, config.D])
+    if ar_step is not None:
+        widths = [0] + list(widths)
+    if all(w in known for w in widths):
+        return known
+    L, D, dev, V = config.L, config.D, w0.device, model.vocab_size
+    rows = 2 * S if config.cfg else S
+    cache = new_cache(rows) if new_cache is not None else model.new_cache(rows)
+    cache.limit(None)
+    model.prefill(example_cond(model, rows, dev), cache)
+    n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
+    state = SlotState(torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev), n,
+                      torch.full((S, D, V), 1.0 / V, device=dev), torch.zeros((S, L + 2 * D + 2), device=dev),
+                      torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev),
+                      torch.zeros((S, 3), dtype=torch.long, device=dev))
+    u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
+    if step_args.get("gkeys") is not None:  # Gumbel coupling: keys for this measurement's own batch
+        step_args = {**step_args, "gkeys": gumbel_keys(range(S), L + 2 * D + 2, dev)}
+    it = torch.tensor(1, device=dev)
+    seen = model.cond_len + L // 2 + max(widths)
+    times = {w: [] for w in widths}
+    for r in range(repeats + 1):
+        for w in widths:
+            cache.limit(cache.bucket(seen))
+            t0 = time.perf_counter()
+            if w == 0:
+                ar_step(cache).tolist()
+            else:
+                step(model, cache, state, torch.full_like(n, w), u, it, w, config, rule, **step_args).n.tolist()
+            if r:
+                times[w].append(time.perf_counter() - t0)
+    costs = {w: sorted(t)[len(t) // 2] for w, t in times.items()}
+    table[name] = {**{str(w): c for w, c in known.items()}, **{str(w): c for w, c in costs.items()}}
+    atomic_write_json(path, table)
+    return {**known, **costs}
