@@ -169,3 +169,18 @@ def test_importing_any_module_first_works():
     for m, p in procs.items():
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0 and "gpt" in out, (m, err[-500:])
+
+
+def test_both_pipelines_are_sampling_pipelines_and_record_what_compile_auto_decided(tiny_pipeline):
+    """Jobs, the bench and the demo use either pipeline through vgen.interfaces.SamplingPipeline; both decide
+    compile=auto for the whole call and record the decision (a bool) in the stats."""
+    from vgen.hf_pipeline import TransformersPipeline
+    from vgen.interfaces import SamplingPipeline
+    from vgen.models.hf import shapes
+    from vgen.pipeline import Pipeline
+    pipe = Pipeline.from_pretrained(tiny_pipeline)
+    hf = TransformersPipeline(shapes.janus(), None)
+    assert isinstance(pipe, SamplingPipeline) and isinstance(hf, SamplingPipeline)
+    assert pipe.generate([0], seed=0).stats["options"]["compile"] is False  # one short job: auto -> eager
+    ids = torch.tensor([[shapes.JANUS_BOS, 5, 6]])
+    assert hf.generate(input_ids=ids, seed=0).stats["options"]["compile"] is False

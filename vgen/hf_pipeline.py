@@ -194,14 +194,15 @@ class TransformersPipeline:
             seeds = [seed + i for i in range(n)]
         elif len(seeds) != n:
             raise VGenError(f"got {len(seeds)} seeds for {n} prompts: give one seed per prompt")
-        s = self.make_sampler(sampler, **options)
+        s = self.make_sampler(sampler, **options).resolved(self.model, n, batch_size or n)  # compile=auto, decided
         t0 = time.perf_counter()
         tokens, stats = self.sample_tokens(s, ids, [validate.seed(x) for x in seeds], batch_size, progress)
         tokens = tokens.cpu()
         step_map = stats.pop("step_map", None)
         t1 = time.perf_counter()
         pixels = self.decode(tokens)
-        stats.update(sampler=sampler, options=self.sample_options(sampler, options), num_samples=ids.shape[0],
+        given = {**options, **({"compile": s.options.compile} if hasattr(s.options, "compile") else {})}
+        stats.update(sampler=sampler, options=self.sample_options(sampler, given), num_samples=ids.shape[0],
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
         return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
                           texts)

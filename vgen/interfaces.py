@@ -236,6 +236,34 @@ class Tokenizer(Protocol):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...
 
 
+# ---- what jobs, the bench and the demo use of a pipeline ----------------------------------------------------------
+@runtime_checkable
+class SamplingPipeline(Protocol):
+    """A model with what sampling needs wired in (tokenizer or decoder, text encoder or processor, draft head): what
+    sampling jobs (``vgen sample``), ``vgen bench`` and the demo use of a pipeline. :class:`vgen.pipeline.Pipeline`
+    (vgen's models) and :class:`vgen.hf_pipeline.TransformersPipeline` (transformers' image generators) implement
+    it; each resolves ``compile=auto`` for the whole call in ``generate`` (:meth:`vgen.samplers.base.Sampler.resolved`)
+    and records the resolved options in the stats."""
+    card: Any            # the model card it was loaded from (vgen.cards.Card), read before any weights load
+    model: Any           # the model the samplers drive
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def make_sampler(self, sampler: str | None = None, **options): ...
+
+    def encode(self, cond) -> torch.Tensor:
+        """A checked condition (vgen.conditions) -> what the samplers read."""
+
+    def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
+                      progress: bool = False, prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]: ...
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Tokens (N, ...) -> uint8 pixels (N, 3, H, W) (video: (N, T, 3, H, W))."""
+
+    def generate(self, *args, **kwargs): ...
+
+
 # ---- what a sampler needs to know about a model, from the model or from its card -------------------------------
 @dataclass(frozen=True)
 class ModelSpec:
