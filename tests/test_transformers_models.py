@@ -581,3 +581,68 @@ def test_a_bench_wide_compile_leaves_a_forward_vgen_does_not_own_to_auto():
     assert p.sampler_options("ar", "photos-gpt")[1]["compile"] is True
     assert p.sampler_options("ar", "photos-emu3")[1]["compile"] == "auto"
     assert p.sampler_options("sjd:window=4,compile=true", "photos-emu3")[1]["compile"] is True
+
+
+def test_the_pipeline_names_no_family_and_finds_one_registered_elsewhere(tmp_path, monkeypatch):
+    """Families register where they are defined (vgen/models/hf/<family>.py): vgen/hf_pipeline.py names none of
+    them (registry names, releases, transformers classes; docstrings included), and a family registered from here
+    loads a folder, makes its card, fills its sampling settings and tokenizes prompts through the pipeline."""
+    import json
+    import re
+    from pathlib import Path
+
+    import vgen
+    import vgen.hf_pipeline as hp
+    from vgen.models.hf import adapter, registered_families
+    from vgen.models.hf.janus import Janus
+    from vgen.pipeline import load_card, pipeline_for
+    src = Path(hp.__file__).read_text()
+    fams = registered_families()
+    assert {f.name for f in fams} >= {"janus", "emu3", "chameleon"}
+    for f in fams:
+        for word in [f.name, f.model_class().__name__, *f.releases.split(", ")]:
+            assert not re.search(re.escape(word), src, re.I), f"hf_pipeline.py names {word!r}"
+    hf = janus(codes=8, grid=(2, 2))
+
+    class ToyModel:  # the toy family's "transformers class": loads the tiny model above
+        @classmethod
+        def from_pretrained(cls, folder, **kw):
+            return hf
+
+    class Toy(Janus):  # a Janus underneath, found before the real one
+        name, releases = "toy", "Toy-1"
+
+        def model_class(self):
+            return ToyModel
+
+        def detect(self, m):
+            return m is hf
+
+        def wrap(self, m, height=None, width=None, **options):
+            fam = super().wrap(m, height, width, **options)
+            fam.name, fam.sampling = "Toy", {"cfg_scale": 2.0}
+            return fam
+
+        def card_fields(self, name, folder, config):
+            return {"token_shape": [2, 2], "vocab_size": 8, "sampling": {"cfg_scale": 2.0}}
+
+        def tokenize(self, processor, hf_model, family, prompt):
+            return torch.tensor([0, 5, 3])
+
+    toy = Toy()
+    assert isinstance(toy, adapter.TransformersFamily)
+    monkeypatch.setattr(adapter, "_FAMILIES", [toy, *fams])
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / "config.json").write_text(json.dumps({"model_type": "toy"}))
+    assert hp.family_for(tmp_path / "toy") is toy
+    card = load_card(str(tmp_path / "toy"))
+    assert card.external and tuple(card.token_shape) == (2, 2) and card.sampling == {"cfg_scale": 2.0}
+    pipe = pipeline_for(card)
+    assert pipe.hf_family is toy and pipe.model.family.name == "Toy" and pipe.defaults == {"cfg_scale": 2.0}
+    pipe.processor = object()
+    assert pipe.tokenize("a photo").tolist() == [0, 5, 3]
+    g = pipe.generate(prompts=["a photo"], seed=0)
+    assert g.tokens.shape == (1, 4) and g.stats["options"]["cfg_scale"] == 2.0
+    (tmp_path / "toy" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(VGenError, match=r"holds a 'llama' model: .*toy \(Toy-1\), .*janus \(Janus, Janus-Pro\)"):
+        vgen.load_pipeline(str(tmp_path / "toy"))

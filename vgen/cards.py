@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from vgen.conditions import DEFAULT_KIND, card_kinds, condition, kind_of
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order, TokenType
 
@@ -67,9 +68,10 @@ def model_facts(model) -> dict:
     """What a card says about a model's tokens, read from the model: generation order, classes, token grid, token
     type (``vocab_size``, or ``token_kind: latents`` and ``latent_channels``)."""
     out = {"generation": str(model.order), "num_classes": model.num_classes, "token_shape": list(model.token_shape)}
-    if getattr(model, "conditioning", "class") == "text":
+    kind = kind_of(model)
+    if not kind.has_classes:
         del out["num_classes"]
-        out["conditioning"] = "text"
+    out.update(kind.card_facts(model))
     if model.token_type.kind == "latents":
         out.update(token_kind="latents", latent_channels=model.token_type.channels)
     else:
@@ -173,8 +175,9 @@ class Card:
             raise VGenError(f"{path} is not valid JSON ({e}): {_REWRITE}") from None
         if not isinstance(data, dict):
             raise VGenError(f"{path} holds a {type(data).__name__}, not a JSON object: {_REWRITE}")
-        text = data.get("conditioning") == "text"
-        missing = [k for k in REQUIRED + (("text_encoder",) if text else ("num_classes",)) if k not in data]
+        given = data.get("conditioning") or DEFAULT_KIND
+        kind = kind_of(given if given in card_kinds() else DEFAULT_KIND)  # a kind no card names: from_dict says so
+        missing = [k for k in REQUIRED + tuple(kind.card_keys) if k not in data]
         if missing:
             raise VGenError(f"{path} lacks {', '.join(missing)}: a pipeline card names the model and tokenizer files "
                             "and kinds and the number of classes, or a text model's text_encoder folder "
@@ -194,10 +197,10 @@ class Card:
         except ValueError:
             r.fail("generation", "one of " + ", ".join(o.value for o in Order))
         num_classes = r.count("num_classes", 0)
-        conditioning = r.text("conditioning", "class")
-        if conditioning not in ("class", "text"):
-            r.fail("conditioning", "class or text")
-        if conditioning == "text":
+        conditioning = r.text("conditioning", DEFAULT_KIND)
+        if conditioning not in card_kinds():
+            r.fail("conditioning", " or ".join(card_kinds()))
+        if not kind_of(conditioning).has_classes:
             num_classes = 0
         kind = r.text("token_kind", "codes")
         if kind == "latents":
@@ -240,6 +243,12 @@ class Card:
         compile at its released size), so a bench-wide ``compile=true`` leaves it at ``compile=auto``; a setting
         that names ``compile=true`` itself still compiles it."""
         return self.model_kind != "transformers"
+
+    @property
+    def external(self) -> bool:
+        """Whether a loader registered with :func:`vgen.pipeline.register_loader` builds this card's pipeline from
+        ``model_file`` (a transformers model: :mod:`vgen.hf_pipeline`), not :meth:`vgen.pipeline.Pipeline.from_card`."""
+        return self.model_kind == "transformers"
 
     @property
     def spec(self) -> ModelSpec:
@@ -287,7 +296,6 @@ class Card:
 
     def condition(self, labels=None, prompts=None, default_all_classes: bool = False):
         """``labels`` or ``prompts`` checked against this card, before any weights load (:mod:`vgen.conditions`)."""
-        from vgen.conditions import condition
         return condition(self.spec, labels, prompts, default_all_classes=default_all_classes)
 
     def sampling_options(self, options_cls) -> dict:

@@ -30,6 +30,7 @@ def _output_dir(cfg) -> Path:
 
 
 def sample(cfg: DictConfig):
+    from vgen.conditions import kind_of
     from vgen.configs import chosen_on_command_line
     from vgen.jobs import SampleJob
     from vgen.samplers.base import sampling_job
@@ -40,7 +41,7 @@ def sample(cfg: DictConfig):
         if cfg.labels is not None:
             raise VGenError(f"samples_per_class={cfg.samples_per_class} draws every class in turn: drop labels=... "
                             "(or set samples_per_class=null to sample the given labels)")
-        if load_card(cfg.model.path or cfg.model.name).conditioning == "text":
+        if not kind_of(load_card(cfg.model.path or cfg.model.name)).has_classes:
             raise VGenError("samples_per_class is for class models; a text model samples its prompts in turn: set "
                             "num_samples (sample i has prompt i % the number of prompts)")
         if cfg.samples_per_class < 1:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from vgen.cards import Card
+from vgen.conditions import kind_of
 from vgen.errors import VGenError
 
 LOCAL = "local folder..."
@@ -117,7 +118,7 @@ class Demo:
     def condition(self, name: str, cls, prompt) -> dict:
         """The race's condition as ``generate`` keywords: the class of a class model, the prompt of a text model."""
         card = load_card(name)
-        if card.conditioning == "text":
+        if kind_of(card).reads_text:
             text = (prompt or "").strip()
             if not text:
                 raise VGenError("type a prompt: this is a text-to-image model (e.g. "
@@ -326,7 +327,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
         except VGenError:
             n, fits = (names if model != LOCAL else []), samplers
         value = ticked(card if fits is not samplers else None, fits)
-        text = card is not None and card.conditioning == "text"
+        text = card is not None and kind_of(card).reads_text
         return gr.update(choices=[f"{i}: {x}" for i, x in enumerate(n)], value=f"0: {n[0]}" if n else None,
                          visible=not text), \
             gr.update(visible=model == LOCAL), gr.update(choices=fits, value=value), \
@@ -361,7 +362,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                 folder = gr.Textbox(label="local pipeline folder", visible=default_model == LOCAL,
                                     value=default_folder if default_model == LOCAL else None,
                                     placeholder="a folder with pipeline.json inside the served directories")
-                text = start_card.conditioning == "text"
+                text = kind_of(start_card).reads_text
                 cls = gr.Dropdown([f"{i}: {x}" for i, x in enumerate(names)], value=f"0: {names[0]}" if names else None,
                                   label="class", visible=not text)
                 prompt = gr.Textbox(start_card.examples[0] if text and start_card.examples else None, label="prompt",

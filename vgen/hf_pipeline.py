@@ -1,10 +1,14 @@
-"""A pipeline over a transformers image generator: ``vgen.load_pipeline("hf://deepseek-community/Janus-Pro-1B")`` (a
-hub repository in the local cache; never downloaded) or ``vgen.load_pipeline("<folder written by save_pretrained>")``.
+"""A pipeline over a transformers image generator: ``vgen.load_pipeline("hf://<owner>/<repo>")`` (a hub repository
+in the local cache; never downloaded) or ``vgen.load_pipeline("<folder written by save_pretrained>")``.
 
-Prompts go through the model's own processor (Janus: its chat template, ``generation_mode="image"``; Emu3:
-``return_for_image_generation=True``, which also gives the grid), each prompt on its own (the same ids in any
-batch), left-padded with -1 to one length. Prompt token ids are accepted directly (``input_ids=``), with or
-without a processor. Images decode through the model's own VQ.
+Prompts go through the model's own processor as its family builds image prompts
+(:meth:`vgen.models.hf.TransformersFamily.tokenize`), each prompt on its own (the same ids in any batch), left-padded
+with -1 to one length. Prompt token ids are accepted directly (``input_ids=``), with or without a processor. Images
+decode through the model's own VQ.
+
+Nothing here names a family: each registers a :class:`vgen.models.hf.TransformersFamily` where it is defined
+(``vgen/models/hf/<family>.py``), which says which folders and models are its, how to load them, their card, their
+prompts and CFG row.
 """
 from __future__ import annotations
 
@@ -17,18 +21,25 @@ import torch
 from vgen import validate
 from vgen.cards import Card
 from vgen.errors import VGenError
-from vgen.models.hf import TransformersModel, from_transformers
+from vgen.models.hf import (
+    TransformersFamily,
+    TransformersModel,
+    family_for_config,
+    family_of,
+    from_transformers,
+    registered_families,
+)
 from vgen.pipeline import Generation, register_loader
 
-# the model cards' recommended settings (cfg 5 for Janus-Pro's generate; Emu3-Gen's card: guidance 3, top-k 2048;
-# Lumina-mGPT's inference solver: cfg 3, image top-k 2000; Chameleon's image options, which Anole keeps: text
-# guidance 3, temperature 0.7, top-p 0.9)
-DEFAULTS = {"Janus": {"cfg_scale": 5.0}, "Emu3": {"cfg_scale": 3.0, "top_k": 2048},
-            "Lumina-mGPT": {"cfg_scale": 3.0, "top_k": 2000},
-            "Anole": {"cfg_scale": 3.0, "temperature": 0.7, "top_p": 0.9}}
-VQGAN_FILES = ("vqgan.safetensors", "vqgan.ckpt")  # Chameleon's image decoder, beside the model's files
-EMU3_NEGATIVE = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
-                 "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, blurry.")
+
+def _load_vqgan(path, device="cpu", dtype=None):
+    from vgen.tokenizers.vqgan import load_vqgan
+    return load_vqgan(path, device=device, dtype=dtype)
+
+
+# the image decoders a family's ``files`` may name, by the wrap option that takes them: loaded here, since the
+# tokenizers sit a layer above the models (a family needing a new decoder adds its loader)
+DECODERS = {"vqgan": _load_vqgan}
 
 
 def transformers_folder(name) -> Path | None:
@@ -50,37 +61,30 @@ def transformers_folder(name) -> Path | None:
     return None
 
 
+def family_for(folder: Path) -> TransformersFamily:
+    """The registered family of a model folder (by its ``config.json``), or a one-line error naming what it holds."""
+    conf = json.loads((folder / "config.json").read_text())
+    family = family_for_config(conf)
+    if family is None:
+        known = [f"{f.name} ({f.releases})" if f.releases else f.name for f in registered_families()]
+        raise VGenError(f"{folder} holds a {conf.get('model_type')!r} model: vgen drives the transformers image "
+                        f"generators {', '.join(known)}")
+    return family
+
+
 def model_class(folder: Path):
-    kind = json.loads((folder / "config.json").read_text()).get("model_type")
-    import transformers
-    classes = {"janus": transformers.JanusForConditionalGeneration, "emu3": transformers.Emu3ForConditionalGeneration,
-               "chameleon": transformers.ChameleonForConditionalGeneration}
-    if kind not in classes:
-        raise VGenError(f"{folder} holds a {kind!r} model: vgen drives the transformers image generators "
-                        f"{', '.join(classes)} (Chameleon: Lumina-mGPT and Anole)")
-    return classes[kind]
+    """The transformers class that loads a model folder (its family's)."""
+    return family_for(folder).model_class()
 
 
-def vqgan_file(folder: Path) -> Path:
-    """Chameleon's VQGAN decoder in a model folder (``vqgan.safetensors`` or Meta's ``vqgan.ckpt``), or a one-line
-    error naming where it comes from."""
-    for name in VQGAN_FILES:
-        if (folder / name).is_file():
-            return folder / name
-    raise VGenError(f"{folder} has no vqgan.ckpt: Chameleon models decode through the VQGAN of Meta's Chameleon "
-                    "release (tokenizer/vqgan.ckpt; Lumina-mGPT keeps it in ckpts/chameleon/tokenizer/): copy it "
-                    "into the model's folder")
-
-
-def chameleon_grid(name, layout: str) -> tuple[int, int]:
-    """The default token grid of a Chameleon release: Anole 32 x 32 (512 px); Lumina-mGPT from the resolution in its
-    name (Alpha-VLLM/Lumina-mGPT-7B-512 / -768 / -1024: pixels / 16), 768 px when the name states none."""
-    if layout == "anole":
-        return 32, 32
-    import re
-    m = re.search(r"(?<!\d)(512|768|1024)(?!\d)", str(name))
-    n = int(m.group(1)) // 16 if m else 48
-    return n, n
+def _decoders(family: TransformersFamily, folder: Path, device, dtype) -> dict:
+    """The decoders ``family.files`` names in ``folder``, loaded (a missing file: its one-line error)."""
+    out = {}
+    for option, path in family.files(folder).items():
+        if option not in DECODERS:
+            raise VGenError(f"{family.name} names a {option!r} file vgen cannot load: add its loader to DECODERS")
+        out[option] = DECODERS[option](path, device=device, dtype=dtype)
+    return out
 
 
 class TransformersPipeline:
@@ -90,30 +94,20 @@ class TransformersPipeline:
                  negative_prompt: str | None = None, name: str = "", tokenize=None, decode_codes=None,
                  defaults: dict | None = None, examples: list[str] | None = None, **family_options):
         """``tokenize`` (a prompt -> ids (L,)) and ``decode_codes`` (codes (1, h, w) -> pixels in [-1, 1]) replace
-        the processor and the model's own VQ (the zoo's photos-emu3 uses its caption tokenizer and photos-t2i's
-        VQ); ``defaults``: the sampling settings filled in when not given; ``examples``: prompts for window=auto
-        and benchmarks."""
+        the processor and the model's own VQ (a zoo model trained by vgen uses its caption tokenizer and another
+        zoo model's VQ); ``defaults``: the sampling settings filled in when not given; ``examples``: prompts for
+        window=auto and benchmarks."""
         self.hf, self.processor, self.name = hf_model.eval(), processor, name or type(hf_model).__name__
         self._tokenize, self._decode_codes, self.examples = tokenize, decode_codes, list(examples or [])
         self.card: Card | None = None  # set by the loaders (what `vgen sample` checked; the zoo's names a drafter)
         self.tokenizer = None          # the zoo's image tokenizer (photos-t2i's VQ): what a drafter recipe encodes with
         self._heads: dict = {}         # draft heads loaded by draft_for, by path
         kw = dict(family_options)
-        is_emu3 = type(hf_model).__name__.startswith("Emu3")
-        if is_emu3 and "negative_prompt_ids" not in kw:
-            if (height is None or width is None) and processor is not None:
-                height, width = processor.calculate_generate_size(processor.ratio if hasattr(processor, "ratio")
-                                                                  else "1:1", getattr(processor, "image_area", 518400),
-                                                                  processor.downsample_ratio)
-            neg = EMU3_NEGATIVE if negative_prompt is None else negative_prompt
-            if processor is not None and neg:
-                kw["negative_prompt_ids"] = self._tokenize_emu3(neg, height, width)
-        elif negative_prompt and processor is not None and type(hf_model).__name__.startswith("Chameleon"):
-            tok = getattr(processor, "tokenizer", processor)  # BOS + the text; the family appends the opening
-            kw["negative_prompt_ids"] = [hf_model.config.bos_token_id] + tok(negative_prompt,
-                                                                             add_special_tokens=False).input_ids
+        self.hf_family: TransformersFamily | None = family_of(hf_model)  # None: from_transformers says why
+        if self.hf_family is not None:  # the processor's grid, the negative prompt's ids (the CFG row)
+            height, width, kw = self.hf_family.prompt_options(hf_model, processor, height, width, negative_prompt, kw)
         self.model: TransformersModel = from_transformers(hf_model, height, width, **kw)
-        self.defaults = dict(DEFAULTS.get(self.model.family.name, {}) if defaults is None else defaults)
+        self.defaults = dict((self.model.family.sampling or {}) if defaults is None else defaults)
 
     @property
     def device(self):
@@ -125,34 +119,19 @@ class TransformersPipeline:
         names = sampler_class(sampler, self.model).Options.names()
         return {k: v for k, v in self.defaults.items() if k in names}
 
-    def _tokenize_emu3(self, text: str, h: int, w: int) -> torch.Tensor:
-        p = self.processor
-        ids = p.tokenizer(f"{p.tokenizer.bos_token or ''}{text}{p.image_start_token}{h}*{w}"
-                          f"{p.fake_token_around_image}", add_special_tokens=False, return_tensors="pt").input_ids
-        return ids[0]
-
     def tokenize(self, prompt: str) -> torch.Tensor:
-        """One prompt -> its ids (L,) as the model's processor builds them for image generation (Chameleon: without
-        the image's opening tokens, which the adapter appends)."""
+        """One prompt -> its ids (L,) as the model's processor builds them for image generation (the family's
+        :meth:`~vgen.models.hf.TransformersFamily.tokenize`; opening tokens the adapter appends may be left out)."""
         if self._tokenize is not None:
             return torch.as_tensor(self._tokenize(prompt), dtype=torch.long)
         if self.processor is None:
             raise VGenError(f"{self.name} has no processor (tokenizer / processor files missing from its folder): "
                             "pass prompt token ids with input_ids=..., or load a folder that has them")
-        family = self.model.family.name
-        if family == "Janus":
-            msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
-            text = self.processor.apply_chat_template(msgs, add_generation_prompt=True)
-            return self.processor(text=text, generation_mode="image", return_tensors="pt").input_ids[0]
-        h, w = self.model.token_shape
-        if family == "Emu3":
-            return self._tokenize_emu3(prompt, h, w)
-        wrap = self.model.family.prompt_text
-        if wrap is None:
-            raise VGenError(f"{self.name}: no prompt template for {family}; pass prompt token ids with input_ids=")
-        tok = getattr(self.processor, "tokenizer", self.processor)
-        ids = tok(wrap(prompt), add_special_tokens=False, return_tensors="pt").input_ids[0]
-        return torch.cat([torch.tensor([self.hf.config.bos_token_id]), ids])
+        ids = self.hf_family.tokenize(self.processor, self.hf, self.model.family, prompt)
+        if ids is None:
+            raise VGenError(f"{self.name}: no prompt template for {self.model.family.name}; pass prompt token ids "
+                            "with input_ids=")
+        return ids
 
     def encode(self, prompts) -> torch.Tensor:
         """Prompts (strings, or a :class:`vgen.conditions.Prompts`) -> ids (N, L), each tokenized alone, left-padded
@@ -246,28 +225,29 @@ class TransformersPipeline:
 
 
 def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
-    """A zoo folder holding ``hf_pipeline.json`` (photos-emu3): the save_pretrained model (stored float16, loaded as
-    ``dtype``, default float32), its caption tokenizer and the VQ it decodes with."""
-    from transformers import AutoTokenizer, Emu3ForConditionalGeneration
+    """A zoo folder holding ``hf_pipeline.json`` (a transformers model vgen trained): the save_pretrained model
+    (stored float16, loaded as ``dtype``, default float32), its caption tokenizer, the VQ it decodes with and its
+    family's prompt layout (:meth:`~vgen.models.hf.TransformersFamily.zoo_prompt`)."""
+    from transformers import AutoTokenizer
 
     from vgen.kinds import load_official
-    from vgen.models.hf.emu3_zoo import Layout
     device, dtype = validate.device(device), validate.dtype(dtype)
     card = json.loads((folder / "hf_pipeline.json").read_text())
     missing = [f for f in (card["hf"], card["text_tokenizer"], card["tokenizer"]) if not (folder / f).exists()]
     if missing:
-        raise VGenError(f"{folder} misses {', '.join(missing)}: train it again with `vgen train recipe=emu3 "
-                        "recipe.install=true`")
-    model = Emu3ForConditionalGeneration.from_pretrained(folder / card["hf"], local_files_only=True,
-                                                         dtype=dtype or torch.float32).to(device)
+        raise VGenError(f"{folder} misses {', '.join(missing)}: train it again with the recipe that wrote it "
+                        "(`vgen train recipe=<recipe> recipe.install=true`; docs/zoo.md names each zoo model's)")
+    family = family_for(folder / card["hf"])
+    model = family.model_class().from_pretrained(folder / card["hf"], local_files_only=True,
+                                                 dtype=dtype or torch.float32).to(device)
     tok = AutoTokenizer.from_pretrained(str(folder / card["text_tokenizer"]))
     vq = load_official(card["tokenizer_kind"], str(folder / card["tokenizer"]), device=device).eval()
     h, w = card["token_shape"]
-    layout = Layout(tok, card["special"], card["vocab_size"], (h, w), card["caption_tokens"])
+    prompt = family.zoo_prompt(tok, card)
     pipe = TransformersPipeline(model, None, h, w, name=card.get("name", folder.name),
-                                tokenize=layout.prompt, decode_codes=lambda c: vq.decode(c).clamp(-1, 1),
+                                tokenize=prompt, decode_codes=lambda c: vq.decode(c).clamp(-1, 1),
                                 defaults=dict(card.get("sampling") or {}), examples=card.get("examples"),
-                                negative_prompt_ids=torch.tensor(layout.prompt(None)))
+                                negative_prompt_ids=torch.tensor(prompt(None)))
     pipe.card, pipe.tokenizer = zoo_card(folder), vq
     return pipe
 
@@ -281,16 +261,13 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
     if folder is None:
         raise VGenError(f"{src} is not a transformers model folder (config.json, written by save_pretrained) nor a "
                         "hub id in the local cache: download it first (`huggingface-cli download <id>`)")
-    cls = model_class(folder)
-    kw = {}
-    if cls.__name__.startswith("Chameleon"):  # before the model's weights: its decoder (a missing file stops here)
-        from vgen.models.hf.chameleon import default_layout
-        from vgen.tokenizers.vqgan import load_vqgan
-        kw["vqgan"] = load_vqgan(vqgan_file(folder), device=device, dtype=dtype)
-        layout = default_layout(json.loads((folder / "config.json").read_text()).get("architectures"))
-        if height is None and width is None:
-            height, width = chameleon_grid(src, layout)
-    model = cls.from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
+    family = family_for(folder)
+    # before the model's weights: its decoder files (a missing file stops here), the release's grid, other files
+    kw = _decoders(family, folder, device, dtype)
+    height, width, more = family.load_options(src, folder, json.loads((folder / "config.json").read_text()),
+                                              height, width)
+    kw.update(more)
+    model = family.model_class().from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
     model = model.to(device)
     processor = None
     try:
@@ -302,18 +279,13 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
             processor = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except Exception:  # noqa: BLE001 - no tokenizer either: prompts get a one-line error
             processor = None
-    gen = folder / "generation_config.json"  # transformers drops its generation_kwargs on load: read them here
-    if cls.__name__.startswith("Janus") and gen.is_file():
-        boi = (json.loads(gen.read_text()).get("generation_kwargs") or {}).get("boi_token_id")
-        if boi is not None:
-            kw["boi_token_id"] = int(boi)
     pipe = TransformersPipeline(model, processor, height, width, negative_prompt, name=src, **kw)
     pipe.card = card(src)
     return pipe
 
 
 def _zoo_folder(name) -> Path | None:
-    """A zoo name or folder holding ``hf_pipeline.json`` (photos-emu3, or a ``vgen train recipe=emu3`` export)."""
+    """A zoo name or folder holding ``hf_pipeline.json`` (a zoo transformers model, or a recipe's export)."""
     from vgen.cards import ZOO_DIR
     if not isinstance(name, str) or not name.strip() or name.startswith("hf://"):
         return None
@@ -327,8 +299,8 @@ CARD_FILE = "hf_pipeline.json"
 
 
 def zoo_card(folder: Path) -> Card:
-    """The card of a folder holding ``hf_pipeline.json`` (photos-emu3): its grid, codes, examples, sampling and
-    draft head (``drafter``), with the folder (where a drafter recipe installs its head)."""
+    """The card of a folder holding ``hf_pipeline.json`` (a zoo transformers model): its grid, codes, examples,
+    sampling and draft head (``drafter``), with the folder (where a drafter recipe installs its head)."""
     c = json.loads((folder / CARD_FILE).read_text())
     data = {"name": c.get("name", folder.name), "token_shape": c["token_shape"], "vocab_size": c["vocab_size"],
             "examples": c.get("examples") or ["a photo"], "sampling": c.get("sampling") or {},
@@ -345,27 +317,8 @@ def card(name) -> Card:
     if zoo is not None:
         return zoo_card(zoo)
     folder = transformers_folder(name)
-    conf = json.loads((folder / "config.json").read_text())
-    kind = conf.get("model_type")
-    if kind == "janus":
-        n = int((conf.get("vision_config") or {}).get("num_image_tokens", 576))
-        g = int(round(n ** 0.5))
-        data = {"token_shape": [g, g], "vocab_size": int((conf.get("vq_config") or {}).get("num_embeddings", 16384)),
-                "sampling": DEFAULTS["Janus"]}
-    elif kind == "emu3":
-        vocab = conf.get("vocabulary_map") or {}
-        data = {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
-                "sampling": DEFAULTS["Emu3"]}
-    elif kind == "chameleon":
-        from vgen.models.hf.chameleon import default_layout
-        vqgan_file(folder)  # the decoder's file, named before anything loads
-        layout = default_layout(conf.get("architectures"))
-        vocab = conf.get("vocabulary_map") or {}
-        data = {"token_shape": list(chameleon_grid(name, layout)),
-                "vocab_size": sum(k.startswith("IMGIMG") for k in vocab),
-                "sampling": DEFAULTS["Lumina-mGPT" if layout == "lumina" else "Anole"]}
-    else:
-        model_class(folder)  # the one-line error naming what it holds
+    family = family_for(folder)  # a folder of no family: the one-line error naming what it holds
+    data = dict(family.card_fields(str(name), folder, json.loads((folder / "config.json").read_text())))
     data.update(name=str(name), examples=["a photo of a cat sitting on a windowsill"])
     data.update(generation="next-token", conditioning="text", model_kind="transformers", model=str(name),
                 tokenizer_kind="transformers", tokenizer="")

@@ -314,9 +314,10 @@ class ModelSpec:
             return spec
         m = model_or_card
         shape = getattr(m, "token_shape", None)
-        kind = getattr(m, "conditioning", "class")
-        return cls(Order(m.order), int(m.num_classes) if kind == "class" else 0, m.token_type, type(m).__name__,
-                   tuple(shape) if shape is not None else None, kind)
+        from vgen.conditions import kind_of
+        kind = kind_of(m)
+        return cls(Order(m.order), int(m.num_classes) if kind.has_classes else 0, m.token_type, type(m).__name__,
+                   tuple(shape) if shape is not None else None, kind.name)
 
     @classmethod
     def from_card(cls, card) -> ModelSpec:

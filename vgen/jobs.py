@@ -21,6 +21,7 @@ from pathlib import Path
 
 from vgen import validate
 from vgen.cards import Card
+from vgen.conditions import kind_of
 from vgen.errors import VGenError
 from vgen.stats import merge_stats, numeric
 
@@ -111,7 +112,7 @@ class SampleJob:
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
         if self.dtype is not None:  # another precision draws other samples (None: the card's, as before)
             run_key["dtype"] = str(validate.dtype(self.dtype)).removeprefix("torch.")
-        if conds.kind == "text":  # the prompts define the samples (a prompt file's text, not only its name)
+        if kind_of(conds.kind).reads_text:  # the prompts define the samples (a prompt file's text, not only its name)
             run_key["prompts"] = self.given_prompts()
         clip = self.prompt_clip(card)
         if clip is not None:  # the prompt's pixels define the samples, not only its name

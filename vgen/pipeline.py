@@ -19,6 +19,7 @@ import torch
 
 from vgen import validate
 from vgen.cards import Card, model_facts
+from vgen.conditions import kind_of
 from vgen.errors import VGenError
 from vgen.kinds import load_official
 from vgen.samplers import check_fits, get_sampler, plain_sampler, sampler_class
@@ -98,14 +99,15 @@ class Pipeline:
         self.tokenizer = tokenizer.eval()
         self.card = card if isinstance(card, Card) else Card.from_model(model, card)
         self.text_encoder = text_encoder  # prompts -> caption features (vgen.models.text.TextEncoder); text models
-        if self.card.conditioning == "text" and text_encoder is None:
+        kind = kind_of(self.card)
+        if kind.needs_text_encoder and text_encoder is None:
             raise VGenError(f"{self.card.name} reads prompts: give its text encoder (Pipeline(model, tokenizer, card, "
                             "text_encoder=TextEncoder.load(folder, model.cond_len)))")
         if hasattr(model, "attach_tokenizer"):  # next-scale models build each scale's input with the tokenizer
             model.attach_tokenizer(tokenizer)
-        if self.card.conditioning == "text":  # what window=auto calibrates on (vgen.samplers.example_cond)
-            from vgen.conditions import examples
-            model.examples = self.encode(examples(self.card, max(len(self.card.examples), 1)))
+        calibration = kind.calibration(self.card)  # what window=auto calibrates on (vgen.samplers.example_cond)
+        if calibration is not None:
+            model.examples = self.encode(calibration)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
@@ -118,12 +120,13 @@ class Pipeline:
         device, dtype = validate.device(device), validate.dtype(dtype)
         card.check_files()
         text = None
-        if card.conditioning == "text":
+        needs_text = kind_of(card).needs_text_encoder
+        if needs_text:
             from vgen.models.text import check_folder, find_folder
             check_folder(find_folder(card.text_encoder_path))  # before any weights load
         model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype, **card.model_config)
         tok = load_official(card.tokenizer_kind, card.tokenizer_path, device=device)
-        if card.conditioning == "text":
+        if needs_text:
             from vgen.models.text import TextEncoder
             text = TextEncoder.load(card.text_encoder_path, model.cond_len, device=device)
         return cls(model, tok, card, text)
@@ -152,17 +155,9 @@ class Pipeline:
 
     @torch.inference_mode()
     def encode(self, cond) -> torch.Tensor:
-        """A condition -> what the samplers read: class ids (N,), or a text model's caption features (N, T, D)
-        (each prompt encoded on its own: the same bytes in any batch)."""
-        from vgen.conditions import Prompts
-        if isinstance(cond, Prompts):
-            feats: dict[str, torch.Tensor] = {}
-            for p in cond.texts:
-                if p not in feats:
-                    feats[p] = self.text_encoder([p])[0]
-            dt = next(self.model.parameters()).dtype
-            return torch.stack([feats[p] for p in cond.texts]).to(self.device, dt)
-        return torch.tensor(cond.ids, dtype=torch.long, device=self.device)
+        """A condition -> what the samplers read, by its kind (:mod:`vgen.conditions`): class ids (N,), or a text
+        model's caption features (N, T, D) (each prompt encoded on its own: the same bytes in any batch)."""
+        return kind_of(cond.kind).encode(self, cond)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -228,7 +223,7 @@ class Pipeline:
         condition = self.card.condition(labels, prompts)
         n = len(condition)
         if seeds is not None and len(seeds) != n:
-            what = "prompt" if condition.kind == "text" else "label"
+            what = kind_of(condition.kind).noun
             raise VGenError(f"got {len(seeds)} seeds for {n} {what}s: give one seed per {what}")
         sampler = sampler or plain_sampler(self.model)
         s = self.make_sampler(sampler, **options)
@@ -248,9 +243,10 @@ class Pipeline:
         pixels = self.decode(tokens)
         stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
                      sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        labels = None if condition.kind == "text" else torch.tensor(condition.ids)
+        given = condition.record()  # {"labels": [...]} or {"prompts": [...]}
+        labels = torch.tensor(given["labels"]) if "labels" in given else None
         return Generation(pixels, tokens, labels, seeds, stats, None if step_map is None else step_map.cpu(),
-                          list(condition.texts) if condition.kind == "text" else None)
+                          given.get("prompts"))
 
     def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
                       progress: bool = False, prefix: torch.Tensor | None = None):
@@ -285,7 +281,7 @@ def load_card(name) -> Card:
 def pipeline_for(card: Card, device="cpu", dtype=None):
     """The pipeline a card from :func:`load_card` describes: a vgen :class:`Pipeline`, or a registered kind's."""
     for accepts, load, make_card in _LOADERS:
-        if make_card is not None and card.model_kind == "transformers" and accepts(card.model_file):
+        if make_card is not None and card.external and accepts(card.model_file):
             return load(card.model_file, device=device, dtype=dtype)
     return Pipeline.from_card(card, device=device, dtype=dtype)
 
@@ -348,7 +344,7 @@ def save_pipeline(folder, model, tokenizer, model_kind: str = "gpt", tokenizer_k
     ``examples`` prompts (calibration, benchmarks, the demo)."""
     from vgen.io import atomic_write_json, save_safetensors
     folder = Path(folder)
-    text = getattr(model, "conditioning", "class") == "text"
+    text = kind_of(model).needs_text_encoder
     if text and text_encoder is None:
         raise VGenError("a text model's pipeline needs its text encoder: save_pipeline(..., text_encoder=...)")
     folder.mkdir(parents=True, exist_ok=True)

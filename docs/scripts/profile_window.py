@@ -20,7 +20,7 @@ from vgen.kernels.decode import compiled
 from vgen.pipeline import Pipeline
 from vgen.samplers.speculative.jacobi import jacobi_step
 from vgen.samplers.speculative.rules import TokenRule
-from vgen.samplers.speculative.scheduler import SlotState, StepConfig
+from vgen.samplers.speculative.step import SlotState, StepConfig
 
 FAMILIES = [("linear", ("mm", "addmm", "linear", "matmul", "bmm")), ("attention", ("attention", "sdpa", "_scaled")),
             ("sort/top-k", ("topk", "sort", "cumsum", "searchsorted")), ("softmax", ("softmax",)),

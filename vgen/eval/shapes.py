@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from vgen.conditions import kind_of
 from vgen.errors import VGenError
 
 # name -> (dim, n_layer, n_head): LlamaGen's c2i GPTs, and two small shapes for CPUs
@@ -79,7 +80,7 @@ def conditions(model, batch: int) -> torch.Tensor:
     """``batch`` conditions for ``model``: class ids, or random captions (``CAPTION_TOKENS`` valid rows at the end,
     zero rows before them: left padding, the caption mask the official loop applies)."""
     device = next(model.parameters()).device
-    if model.conditioning == "class":
+    if kind_of(model).has_classes:
         return torch.arange(batch, device=device) % CLASSES
     g = torch.Generator(device="cpu").manual_seed(0)
     caption = torch.zeros(batch, model.cond_len, model.config.caption_dim)

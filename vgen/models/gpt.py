@@ -279,23 +279,28 @@ class GPT(nn.Module):
         return TokenType.codes(self.config.vocab_size)
 
     @property
+    def class_conditional(self) -> bool:
+        """Whether the condition is class ids (the config's model_type c2i) rather than caption features (t2i)."""
+        return self.config.model_type in CLASS_CONDITIONAL
+
+    @property
     def conditioning(self) -> str:
         """``class`` (class ids (B,)) or ``text`` (caption features (B, cls_token_num, caption_dim), left-padded with
         zero rows: :meth:`cond_mask`)."""
-        return "class" if self.config.model_type in CLASS_CONDITIONAL else "text"
+        return "class" if self.class_conditional else "text"
 
     def cond_mask(self, cond: torch.Tensor) -> torch.Tensor | None:
         """Which condition positions are real (B, cls_token_num) bool, None for class ids. Captions come as
         LlamaGen's ``sample_t2i.py`` hands them to ``generate``: valid features moved to the end (left padding), the
         padding rows zeroed, so the mask is the non-zero rows (``emb_masks`` in the official code)."""
-        if self.conditioning == "class":
+        if self.class_conditional:
             return None
         return cond.ne(0).any(-1)
 
     def null_cond(self, cond: torch.Tensor) -> torch.Tensor:
         """The unconditional counterpart of ``cond`` for classifier-free guidance: the null class, or the learned
         null caption under ``cond``'s caption mask (the official ``generate`` masks both halves alike)."""
-        if self.conditioning == "class":
+        if self.class_conditional:
             return torch.full_like(cond, self.config.num_classes)
         null = self.cls_embedding.uncond_embedding.to(cond.dtype)
         return null * self.cond_mask(cond)[..., None].to(cond.dtype)

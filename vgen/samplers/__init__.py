@@ -17,8 +17,9 @@ from vgen.samplers.base import (
                                 sample,
                                 sampler_class,
                                 sampler_classes,
+                                unregister_sampler,
 )
 
 __all__ = ["Options", "Sampler", "SamplingOptions", "TokenOptions", "as_cond", "get_sampler", "list_samplers", "option",
            "register_sampler", "sample", "sampler_class", "sampler_classes", "option_names", "check_fits",
-           "fitting_samplers", "plain_sampler"]
+           "fitting_samplers", "plain_sampler", "unregister_sampler"]

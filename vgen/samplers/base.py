@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vgen.conditions import as_cond, kind_of, list_kinds  # noqa: F401 (as_cond: vgen.samplers.as_cond)
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec, Order
 from vgen.stats import merge_stats
@@ -185,8 +186,9 @@ class Sampler:
     their own batching). ``plain``: the order's plain sampler (the default and the baseline); ``hidden``: kept
     out of ``list_samplers()`` (reference implementations used by benchmarks); ``prefix``: whether it can continue
     given tokens (``prefix=`` in the call: e.g. the first frames of a clip, for frame-conditioned video);
-    ``conditionings``: the conditions of the models it drives (:attr:`ModelSpec.conditioning`: class ids, caption
-    features, prompt token ids); :meth:`fits` says whether it drives a model."""
+    ``conditionings``: the condition kinds of the models it drives (:attr:`ModelSpec.conditioning`: class ids,
+    caption features, prompt token ids; None: every registered kind, :mod:`vgen.conditions`); :meth:`fits` says
+    whether it drives a model."""
 
     name: str = ""
     Options: type[Options] = SamplingOptions
@@ -197,12 +199,12 @@ class Sampler:
     needs_draft: bool = False
     draft_kind: str = "model"  # what a needs_draft sampler drafts with: "model" (a pipeline) or "head" (a draft head)
     prefix: bool = False
-    conditionings: tuple[str, ...] = ("class", "text", "tokens")
+    conditionings: tuple[str, ...] | None = None  # None: every registered condition kind
 
     @classmethod
     def fits(cls, spec: ModelSpec) -> bool:
         """Does this sampler drive models like ``spec``: its generation order and its kind of condition?"""
-        return spec.order == cls.order and spec.conditioning in cls.conditionings
+        return spec.order == cls.order and (cls.conditionings is None or spec.conditioning in cls.conditionings)
 
     def __init__(self, **options):
         unknown = sorted(set(options) - self.Options.names())
@@ -230,19 +232,9 @@ class Sampler:
         them (token P on is drawn exactly as if tokens < P had been drawn). ``draft``: the draft model of a sampler
         that needs one (``needs_draft``)."""
         spec = self.validate(model)
-        if spec.conditioning == "tokens":  # prompt token ids (B, L): the model binds a view to their length
-            model, cond = model.prepare(cond)
-        if spec.conditioning == "text" and (not cond.is_floating_point() or cond.dim() != 3):
-            raise VGenError(f"{spec.name} is a text model: its conditions are caption features (N, T, D), got a "
-                            f"{cond.dtype} tensor of shape {tuple(cond.shape)}: sample through a pipeline with "
-                            "prompts=[...]")
-        if spec.conditioning == "class" and cond.is_floating_point():
-            raise VGenError(f"{spec.name} is a class model: its conditions are class ids, got a {cond.dtype} tensor")
-        if spec.conditioning == "class" and cond.dtype in (torch.int32, torch.int64):
-            bad = cond[(cond < 0) | (cond >= spec.num_classes)]
-            if bad.numel():
-                raise VGenError(f"class id {int(bad[0])} out of range: this model has classes "
-                                f"0..{spec.num_classes - 1}")
+        kind = kind_of(spec)
+        model, cond = kind.bind(model, cond)  # prompt token ids (B, L): the model binds a view to their length
+        kind.check_tensor(cond, spec)
         if len(seeds) != cond.shape[0]:
             raise VGenError(f"got {len(seeds)} seeds for {cond.shape[0]} conditions: give one seed per sample")
         if batch_size is not None and batch_size < 1:
@@ -327,6 +319,11 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     return cls
 
 
+def unregister_sampler(name: str) -> None:
+    """Forget sampler ``name`` (a sampler registered for a while, e.g. by a test; unknown names are ignored)."""
+    _SAMPLERS.pop(name, None)
+
+
 def list_samplers(include_hidden: bool = False) -> list[str]:
     """The registered sampler names, sorted (``include_hidden``: also the reference loops benchmarks use)."""
     return sorted(n for n, by in _SAMPLERS.items() if include_hidden or not all(c.hidden for c in by.values()))
@@ -365,7 +362,7 @@ def check_fits(sampler: str, model_or_card) -> None:
         raise VGenError(f"sampler {sampler!r} does {' / '.join(map(str, orders))} generation but {spec.name} is a "
                         f"{spec.order} model: use one of {', '.join(fitting_samplers(spec))}")
     if not any(c.fits(spec) for c in classes):
-        kinds = sorted({k for c in classes if c.order == spec.order for k in c.conditionings})
+        kinds = sorted({k for c in classes if c.order == spec.order for k in (c.conditionings or list_kinds())})
         raise VGenError(f"sampler {sampler!r} drives models conditioned on {' / '.join(kinds)} and {spec.name} reads "
                         f"{spec.conditioning}: use one of {', '.join(fitting_samplers(spec))}")
 
@@ -397,24 +394,7 @@ def example_cond(model, k: int, device=None) -> torch.Tensor:
     ex = getattr(model, "examples", None)
     if ex is not None:
         return ex[torch.arange(k) % ex.shape[0]].to(device)
-    if getattr(model, "conditioning", "class") == "text":
-        raise VGenError("calibrating a sampler on a text model needs example prompts: sample through a pipeline "
-                        "(vgen.load_pipeline: its card's examples) or give a fixed window=<int>")
-    return torch.tensor([i * model.num_classes // k % model.num_classes for i in range(k)], device=device)
-
-
-def as_cond(labels, device=None) -> torch.Tensor:
-    """Class ids (an int, a list, an integer tensor) or a text model's caption features (a float tensor)."""
-    from vgen import validate
-    if isinstance(labels, torch.Tensor) and labels.is_floating_point():
-        t = labels
-    else:
-        t = validate.labels(labels)
-    if t.dim() == 0:
-        t = t[None]
-    if not t.is_floating_point():
-        t = t.long()
-    return t.to(device) if device is not None else t
+    return kind_of(model).fallback(model, k, device)  # class ids spread over the classes; a text model: an error
 
 
 def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = False,
@@ -429,13 +409,7 @@ def sample(model, labels, sampler: str = "ar", seed: int = 0, progress: bool = F
                         f"{type(model).__name__}")
     s = get_sampler(sampler, model=model, **options)
     dev = next(model.parameters()).device
-    if getattr(model, "conditioning", "class") == "tokens":  # prompt token ids (B, L), -1 = left padding
-        cond = labels if isinstance(labels, torch.Tensor) else torch.as_tensor(labels)
-        if cond.dim() == 1:
-            cond = cond[None]
-        cond = cond.to(dev)
-    else:
-        cond = as_cond(labels, dev)
+    cond = kind_of(model).as_tensor(labels, dev)  # class ids, caption features, prompt token ids (B, L)
     if codebook is None and s.needs_codebook and callable(getattr(model, "codebook", None)):
         codebook = model.codebook()  # a model that carries its tokenizer (a transformers model's own VQ)
     seed = validate.seed(seed, cond.shape[0])

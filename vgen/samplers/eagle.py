@@ -40,7 +40,7 @@ from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 from vgen.samplers.speculative.head import HeadChain, HeadTree, accepted_by_depth
 from vgen.samplers.speculative.rules import BlockRule, GSDRuleOptions, LanternRuleOptions, TokenRule
-from vgen.samplers.speculative.scheduler import StepConfig
+from vgen.samplers.speculative.step import StepConfig
 
 ACCEPT = ("exact", "lantern", "gsd")
 VERIFY = ("block", "token")

@@ -104,7 +104,7 @@ class VARSampler(Sampler):
             if x is not None and guided:
                 x = x.repeat(2, 1, 1)
             b = e
-        full = _full_cache_bytes(model, cond_in.shape[0], cache)
+        full = _full_cache_bytes(model, cond_in.shape[0])
         per_tok = full // model.seq_len
         cum = [sum(p * p for p in pn[:i + 1]) for i in range(K - 1)]
         kept = cache.kept_bytes_per_stage[:K - 1]
@@ -118,7 +118,7 @@ class VARSampler(Sampler):
         return tokens, stats
 
 
-def _full_cache_bytes(model, rows: int, cache) -> int:
+def _full_cache_bytes(model, rows: int) -> int:
     """Peak bytes of the uncompressed cache for the same batch (all scales' keys and values, every layer)."""
     c = model.config
     el = model.head.weight.element_size()

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vgen.conditions import kind_of
 from vgen.errors import VGenError
 from vgen.io import atomic_write_bytes
 from vgen.kernels.verify import window_target
@@ -150,7 +151,7 @@ def self_codes(run, pipe, n: int, seed: int, name: str, chunk: int = 256) -> tup
     if path.exists():
         d = torch.load(path, weights_only=True)
         codes, labels = d["codes"], d["labels"]
-    text = pipe.card.conditioning == "text"
+    text = kind_of(pipe.card).reads_text
     if text:  # a text model drafts for captions like its training crops': those of captioned train crops
         from vgen.conditions import Prompts
         from vgen.data.captions import captioned_photos
@@ -295,7 +296,7 @@ def train_drafter(cfg: DrafterTrainConfig) -> dict:
         (tr_codes, tr_labels), (te_codes, te_labels) = tr, te
         tr_codes, te_codes = tr_codes[:cfg.n_train], te_codes[:cfg.n_test]
         tr_labels, te_labels = tr_labels[:cfg.n_train], te_labels[:cfg.n_test]
-    elif pipe.card.conditioning == "text":
+    elif kind_of(pipe.card).reads_text:
         tr_codes, tr_labels = text_codes(run, pipe, "train", cfg.n_train, cfg.seed)
         te_codes, te_labels = text_codes(run, pipe, "test", cfg.n_test, cfg.seed + 1)
     else:

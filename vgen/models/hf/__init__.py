@@ -30,24 +30,57 @@ i of the grid sits at vgen slot ``cond_len + i``; the adapter keeps the model's 
 included), feeds the row end in the same pass as the row's last token and returns the logits after it. A forced
 token is never a draft to verify.
 
-Families register where they are defined (:func:`register_family`: :mod:`vgen.models.hf.janus`,
-:mod:`vgen.models.hf.emu3`, :mod:`vgen.models.hf.chameleon`).
+Families register where they are defined: each module of this package that defines one ends with
+``register_family(...)`` (a :class:`TransformersFamily`: :mod:`vgen.models.hf.janus`, :mod:`vgen.models.hf.emu3`,
+:mod:`vgen.models.hf.chameleon`), and every module here is imported on first use, so a new family is one new file.
 """
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 import torch.nn as nn
 
 from vgen.errors import VGenError
-from vgen.models.hf.adapter import Family, TransformersCache, TransformersModel, register_family, registered  # noqa: F401
+from vgen.models.hf.adapter import (  # noqa: F401
+    Family,
+    FamilyBase,
+    TransformersCache,
+    TransformersFamily,
+    TransformersModel,
+    register_family,
+    registered,
+    registered_families,
+)
+
+_loaded = False
 
 
 def _load_families() -> None:
-    from vgen.models.hf import chameleon, emu3, janus  # noqa: F401  (each registers itself)
+    """Import every module of this package once (each family module registers itself; the others register
+    nothing)."""
+    global _loaded
+    if not _loaded:
+        for info in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{info.name}")
+        _loaded = True
 
 
 def families() -> list[str]:
     _load_families()
-    return [n for n, _, _ in registered()]
+    return [f.name for f in registered_families()]
+
+
+def family_of(hf_model: nn.Module) -> TransformersFamily | None:
+    """The registered family of a loaded transformers model, or None."""
+    _load_families()
+    return next((f for f in registered_families() if f.detect(hf_model)), None)
+
+
+def family_for_config(config: dict) -> TransformersFamily | None:
+    """The registered family whose folders have this ``config.json``, or None."""
+    _load_families()
+    return next((f for f in registered_families() if f.matches(config)), None)
 
 
 def from_transformers(hf_model: nn.Module, height: int | None = None, width: int | None = None,
@@ -62,11 +95,17 @@ def from_transformers(hf_model: nn.Module, height: int | None = None, width: int
     if not isinstance(hf_model, nn.Module):
         raise VGenError(f"from_transformers takes a loaded transformers model, got {type(hf_model).__name__}: "
                         "load it with e.g. JanusForConditionalGeneration.from_pretrained(<folder>)")
-    for name, detect, wrap in registered():
-        if detect(hf_model):
-            return TransformersModel(wrap(hf_model, height, width, **family_options), hf_model)
+    family = family_of(hf_model)
+    if family is not None:
+        return TransformersModel(family.wrap(hf_model, height, width, **family_options), hf_model)
     kind = type(hf_model).__name__
+    classes = []
+    for f in registered_families():
+        try:
+            classes.append(f.model_class().__name__)
+        except VGenError:  # registered for from_transformers alone: no class named
+            pass
     raise VGenError(f"{kind} is not an image generator vgen can drive: supported are {', '.join(families())} "
-                    "(JanusForConditionalGeneration, Emu3ForConditionalGeneration, ChameleonForConditionalGeneration)")
+                    f"({', '.join(classes)})")
 
 

@@ -1,12 +1,14 @@
-"""The transformers adapter's core (:mod:`vgen.models.hf` explains it): :class:`Family`, the per-architecture facts a
-family module builds; :class:`TransformersModel`, the next-token model; :class:`TransformersCache`, vgen's static
+"""The transformers adapter's core (:mod:`vgen.models.hf` explains it): :class:`TransformersFamily`, what a family
+module registers (:func:`register_family`; :class:`FamilyBase` its defaults); :class:`Family`, the per-model facts a
+family's ``wrap`` builds; :class:`TransformersModel`, the next-token model; :class:`TransformersCache`, vgen's static
 cache in the model's own slot layout."""
 from __future__ import annotations
 
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 import torch.nn as nn
@@ -38,19 +40,139 @@ class Family:
     prompt_end: tuple[int, ...] = ()                    # the tokens that open the image: every prompt ends with them
     prompt_text: Callable[[str], str] | None = None     # a user's prompt -> the text to tokenize after BOS (a family
     #                                                     whose processor does not build image prompts itself)
+    sampling: dict | None = None                        # the model card's recommended sampling settings
 
 
-_FAMILIES: list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]] = []
+@runtime_checkable
+class TransformersFamily(Protocol):
+    """One transformers architecture vgen drives, registered where it is defined (``register_family(...)`` at the
+    bottom of ``vgen/models/hf/<family>.py``): all that :func:`vgen.models.from_transformers` and
+    :mod:`vgen.hf_pipeline` know of it, so neither names a family. :class:`FamilyBase` gives the defaults a family
+    overrides (``wrap`` and ``card_fields`` it must write)."""
+
+    name: str      # the registry name, and the ``model_type`` of its folders' config.json
+    releases: str  # the releases it covers, as error messages list them (e.g. "Lumina-mGPT, Anole")
+
+    def model_class(self) -> type:
+        """The transformers class whose ``from_pretrained`` loads a folder of this family."""
+
+    def matches(self, config: dict) -> bool:
+        """Whether a folder's ``config.json`` (read, no weights) is this family's."""
+
+    def detect(self, hf_model: nn.Module) -> bool:
+        """Whether a loaded model is this family's."""
+
+    def wrap(self, hf_model: nn.Module, height: int | None, width: int | None, **options) -> Family:
+        """The model's facts: its decoder, the layout of its image tokens, its CFG row, its VQ decoder."""
+
+    def files(self, folder: Path) -> dict[str, Path]:
+        """Files beside the weights that ``wrap`` takes, by option name (e.g. an image decoder ``wrap`` takes as a
+        module, loaded by :mod:`vgen.hf_pipeline`), or a one-line error naming where a missing one comes from."""
+
+    def load_options(self, name: str, folder: Path, config: dict, height: int | None,
+                     width: int | None) -> tuple[int | None, int | None, dict]:
+        """Before a folder's weights load: (height, width, ``wrap`` options): the release's default grid (``name``:
+        what the user gave, e.g. a repository whose name states a resolution) and what its other files state."""
+
+    def card_fields(self, name: str, folder: Path, config: dict) -> dict:
+        """A folder's card fields, read without weights: ``token_shape``, ``vocab_size``, ``sampling`` (the model
+        card's recommended settings)."""
+
+    def prompt_options(self, hf_model: nn.Module, processor, height: int | None, width: int | None,
+                       negative_prompt: str | None, options: dict) -> tuple[int | None, int | None, dict]:
+        """(height, width, ``wrap`` options) for a pipeline with this processor (None: prompt ids only): the grid
+        the processor states, the negative prompt's ids (the CFG row)."""
+
+    def tokenize(self, processor, hf_model: nn.Module, family: Family, prompt: str) -> torch.Tensor | None:
+        """One prompt -> its ids (L,) for image generation, as the model's processor builds them; None: the family
+        has no prompt template."""
+
+    def zoo_prompt(self, tokenizer, card: dict) -> Callable[[str | None], list[int]]:
+        """For a zoo model of this family (``hf_pipeline.json`` = ``card``, its caption ``tokenizer``): a prompt
+        (None: the null prompt) -> its ids."""
 
 
-def registered() -> list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]]:
-    """The registered families: (name, detect, wrap), in registration order."""
+class FamilyBase:
+    """The defaults of :class:`TransformersFamily`: a folder is the family's when its ``model_type`` is ``name``, a
+    model when it is a ``model_class()``; no extra files or options; prompts through ``Family.prompt_text`` after
+    BOS; no zoo layout."""
+    name = ""
+    releases = ""
+
+    def model_class(self) -> type:
+        raise VGenError(f"the transformers family {self.name!r} names no model class: it loads no folders")
+
+    def matches(self, config: dict) -> bool:
+        return config.get("model_type") == self.name
+
+    def detect(self, hf_model: nn.Module) -> bool:
+        return isinstance(hf_model, self.model_class())
+
+    def wrap(self, hf_model: nn.Module, height: int | None = None, width: int | None = None, **options) -> Family:
+        raise NotImplementedError
+
+    def files(self, folder: Path) -> dict[str, Path]:
+        return {}
+
+    def load_options(self, name: str, folder: Path, config: dict, height: int | None,
+                     width: int | None) -> tuple[int | None, int | None, dict]:
+        return height, width, {}
+
+    def card_fields(self, name: str, folder: Path, config: dict) -> dict:
+        raise NotImplementedError
+
+    def prompt_options(self, hf_model: nn.Module, processor, height: int | None, width: int | None,
+                       negative_prompt: str | None, options: dict) -> tuple[int | None, int | None, dict]:
+        return height, width, options
+
+    def tokenize(self, processor, hf_model: nn.Module, family: Family, prompt: str) -> torch.Tensor | None:
+        if family.prompt_text is None:
+            return None
+        tok = getattr(processor, "tokenizer", processor)
+        ids = tok(family.prompt_text(prompt), add_special_tokens=False, return_tensors="pt").input_ids[0]
+        return torch.cat([torch.tensor([hf_model.config.bos_token_id]), ids])
+
+    def zoo_prompt(self, tokenizer, card: dict) -> Callable[[str | None], list[int]]:
+        raise VGenError(f"{self.releases or self.name} models have no zoo layout (hf_pipeline.json)")
+
+
+class _Given(FamilyBase):
+    """A family registered as ``register_family(name, detect, wrap)``: ``from_transformers`` only (no folders)."""
+
+    def __init__(self, name: str, detect: Callable[[nn.Module], bool], wrap: Callable[..., Family]):
+        self.name, self.detect, self.wrap = name, detect, wrap
+
+    def matches(self, config: dict) -> bool:
+        return False
+
+
+_FAMILIES: list[TransformersFamily] = []
+
+
+def registered_families() -> list[TransformersFamily]:
+    """The registered families, in registration order."""
     return list(_FAMILIES)
 
 
-def register_family(name: str, detect: Callable[[nn.Module], bool], wrap: Callable[..., Family]) -> None:
-    """Make ``from_transformers`` accept models ``detect`` recognises: ``wrap(hf_model, height, width) -> Family``."""
-    _FAMILIES.append((name, detect, wrap))
+def registered() -> list[tuple[str, Callable[[nn.Module], bool], Callable[..., Family]]]:
+    """The registered families as (name, detect, wrap), in registration order."""
+    return [(f.name, f.detect, f.wrap) for f in _FAMILIES]
+
+
+def register_family(family: TransformersFamily | str, detect: Callable[[nn.Module], bool] | None = None,
+                    wrap: Callable[..., Family] | None = None) -> None:
+    """Make ``from_transformers`` and :mod:`vgen.hf_pipeline` accept the models and folders ``family`` recognises
+    (a :class:`TransformersFamily`; one of the same name is replaced). ``register_family(name, detect, wrap)``
+    (``wrap(hf_model, height, width) -> Family``) registers a family for ``from_transformers`` alone."""
+    if isinstance(family, str):
+        family = _Given(family, detect, wrap)
+    elif detect is not None or wrap is not None or not isinstance(family, TransformersFamily):
+        raise TypeError("register_family takes a TransformersFamily, or (name, detect, wrap)")
+    for i, f in enumerate(_FAMILIES):
+        if f.name == family.name:
+            _FAMILIES[i] = family
+            return
+    _FAMILIES.append(family)
 
 
 class TransformersCache(KVCache):

@@ -24,24 +24,26 @@ Detection: a config whose architectures name ``ChameleonXLLMXForConditionalGener
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import torch
 
 from vgen.errors import VGenError
-from vgen.models.hf.adapter import Family, register_family
+from vgen.models.hf.adapter import Family, FamilyBase, register_family
 
 BOI, EOI, ROW_END = "<racm3:break>", "<eoss>", "<reserved08799>"
 LAYOUTS = ("lumina", "anole")
 LUMINA_SEPARATOR = "<reserved08706>"  # Lumina-mGPT's conversation: each turn ends with it
+# the recommended settings: Lumina-mGPT's inference solver (cfg 3, image top-k 2000); Chameleon's image options,
+# which Anole keeps (text guidance 3, temperature 0.7, top-p 0.9)
+SAMPLING = {"lumina": {"cfg_scale": 3.0, "top_k": 2000}, "anole": {"cfg_scale": 3.0, "temperature": 0.7, "top_p": 0.9}}
+VQGAN_FILES = ("vqgan.safetensors", "vqgan.ckpt")  # the image decoder, beside the model's files
 
 
 def size_token(n: int) -> str:
     """Lumina-mGPT's size token for n units of 32 pixels (= 2 n codes)."""
     return f"<reserved{8800 + n:05d}>"
-
-
-def _is_chameleon(m) -> bool:
-    from transformers import ChameleonForConditionalGeneration
-    return isinstance(m, ChameleonForConditionalGeneration)
 
 
 def default_layout(architectures) -> str:
@@ -156,9 +158,67 @@ def wrap(m, height: int | None = None, width: int | None = None, layout: str | N
         pad_id=int(tc.pad_token_id if tc.pad_token_id is not None else 1), text_vocab=int(tc.vocab_size),
         max_positions=getattr(tc, "max_position_embeddings", None),
         codebook=lambda: m.model.vqmodel.quantize.embedding.weight.detach(), row_end=row_end,
-        decode_image=decode_image, prompt_end=opening, prompt_text=prompt_text,
+        decode_image=decode_image, prompt_end=opening, prompt_text=prompt_text, sampling=dict(SAMPLING[layout]),
         config={"hidden": tc.hidden_size, "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
                 "vocab": codes, "layout": layout, "negative": None if neg is None else neg.tolist()})
 
 
-register_family("chameleon", _is_chameleon, wrap)
+def vqgan_file(folder: Path) -> Path:
+    """The VQGAN decoder in a model folder (``vqgan.safetensors`` or Meta's ``vqgan.ckpt``), or a one-line error
+    naming where it comes from."""
+    for name in VQGAN_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise VGenError(f"{folder} has no vqgan.ckpt: Chameleon models decode through the VQGAN of Meta's Chameleon "
+                    "release (tokenizer/vqgan.ckpt; Lumina-mGPT keeps it in ckpts/chameleon/tokenizer/): copy it "
+                    "into the model's folder")
+
+
+def release_grid(name, layout: str) -> tuple[int, int]:
+    """The default token grid of a release: Anole 32 x 32 (512 px); Lumina-mGPT from the resolution in its name
+    (Alpha-VLLM/Lumina-mGPT-7B-512 / -768 / -1024: pixels / 16), 768 px when the name states none."""
+    if layout == "anole":
+        return 32, 32
+    m = re.search(r"(?<!\d)(512|768|1024)(?!\d)", str(name))
+    n = int(m.group(1)) // 16 if m else 48
+    return n, n
+
+
+class Chameleon(FamilyBase):
+    """Lumina-mGPT and Anole for :func:`vgen.models.from_transformers` and :mod:`vgen.hf_pipeline`: the layout from
+    the config's architectures, the grid from the release's name, the VQGAN decoder from the folder (``vqgan``), a
+    negative prompt as BOS + its text (the adapter appends the image's opening), prompts through ``prompt_text``."""
+    name = "chameleon"
+    releases = "Lumina-mGPT, Anole"
+
+    def model_class(self) -> type:
+        from transformers import ChameleonForConditionalGeneration
+        return ChameleonForConditionalGeneration
+
+    def wrap(self, hf_model, height=None, width=None, **options) -> Family:
+        return wrap(hf_model, height, width, **options)
+
+    def files(self, folder: Path) -> dict[str, Path]:
+        return {"vqgan": vqgan_file(folder)}
+
+    def load_options(self, name: str, folder: Path, config: dict, height, width):
+        if height is None and width is None:
+            height, width = release_grid(name, default_layout(config.get("architectures")))
+        return height, width, {}
+
+    def card_fields(self, name: str, folder: Path, config: dict) -> dict:
+        self.files(folder)  # the decoder's file, named before anything loads
+        layout = default_layout(config.get("architectures"))
+        vocab = config.get("vocabulary_map") or {}
+        return {"token_shape": list(release_grid(name, layout)),
+                "vocab_size": sum(k.startswith("IMGIMG") for k in vocab), "sampling": dict(SAMPLING[layout])}
+
+    def prompt_options(self, hf_model, processor, height, width, negative_prompt, options):
+        if negative_prompt and processor is not None:
+            tok = getattr(processor, "tokenizer", processor)  # BOS + the text; the family appends the opening
+            options = {**options, "negative_prompt_ids": [hf_model.config.bos_token_id]
+                       + tok(negative_prompt, add_special_tokens=False).input_ids}
+        return height, width, options
+
+
+register_family(Chameleon())

@@ -12,15 +12,17 @@ token, as in transformers' ``UnbatchedClassifierFreeGuidanceLogitsProcessor``.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from vgen.errors import VGenError
-from vgen.models.hf.adapter import Family, register_family
+from vgen.models.hf.adapter import Family, FamilyBase, register_family
 
-
-def _is_emu3(m) -> bool:
-    from transformers import Emu3ForConditionalGeneration
-    return isinstance(m, Emu3ForConditionalGeneration)
+SAMPLING = {"cfg_scale": 3.0, "top_k": 2048}  # Emu3-Gen's model card: guidance 3, top-k 2048
+NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                   "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
+                   "blurry.")  # the model card's
 
 
 def wrap(m, height: int | None = None, width: int | None = None, negative_prompt_ids=None) -> Family:
@@ -81,9 +83,58 @@ def wrap(m, height: int | None = None, width: int | None = None, negative_prompt
         pad_id=int(tc.pad_token_id if tc.pad_token_id is not None else 0), text_vocab=int(tc.vocab_size),
         max_positions=getattr(tc, "max_position_embeddings", None),
         codebook=lambda: m.model.vqmodel.quantize.embedding.weight.detach(), row_end=int(vm.eol_token_id),
-        decode_image=decode_image,
+        decode_image=decode_image, sampling=dict(SAMPLING),
         config={"hidden": tc.hidden_size, "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
                 "vocab": codes, "negative": None if neg is None else neg.tolist()})
 
 
-register_family("emu3", _is_emu3, wrap)
+def prompt_ids(processor, text: str, height: int, width: int) -> torch.Tensor:
+    """A prompt's ids (L,) as Emu3's processor builds them for image generation (``return_for_image_generation``):
+    BOS, the text, the image's start and its size in tokens."""
+    tok = processor.tokenizer
+    ids = tok(f"{tok.bos_token or ''}{text}{processor.image_start_token}{height}*{width}"
+              f"{processor.fake_token_around_image}", add_special_tokens=False, return_tensors="pt").input_ids
+    return ids[0]
+
+
+class Emu3(FamilyBase):
+    """Emu3 for :func:`vgen.models.from_transformers` and :mod:`vgen.hf_pipeline`: the grid from the processor's
+    image size unless given, the model card's negative prompt as the CFG row unless another is given; the zoo's
+    photos-emu3 layout (:mod:`vgen.models.hf.emu3_zoo`)."""
+    name = "emu3"
+    releases = "Emu3"
+
+    def model_class(self) -> type:
+        from transformers import Emu3ForConditionalGeneration
+        return Emu3ForConditionalGeneration
+
+    def wrap(self, hf_model, height=None, width=None, **options) -> Family:
+        return wrap(hf_model, height, width, **options)
+
+    def card_fields(self, name: str, folder: Path, config: dict) -> dict:
+        vocab = config.get("vocabulary_map") or {}
+        return {"token_shape": [90, 90], "vocab_size": sum(k.startswith("<|visual token") for k in vocab),
+                "sampling": dict(SAMPLING)}
+
+    def prompt_options(self, hf_model, processor, height, width, negative_prompt, options):
+        if "negative_prompt_ids" in options:
+            return height, width, options
+        p = processor
+        if (height is None or width is None) and p is not None:
+            height, width = p.calculate_generate_size(p.ratio if hasattr(p, "ratio") else "1:1",
+                                                      getattr(p, "image_area", 518400), p.downsample_ratio)
+        neg = NEGATIVE_PROMPT if negative_prompt is None else negative_prompt
+        if p is not None and neg:
+            options = {**options, "negative_prompt_ids": prompt_ids(p, neg, height, width)}
+        return height, width, options
+
+    def tokenize(self, processor, hf_model, family: Family, prompt: str) -> torch.Tensor:
+        return prompt_ids(processor, prompt, *family.grid)
+
+    def zoo_prompt(self, tokenizer, card: dict):
+        from vgen.models.hf.emu3_zoo import Layout
+        h, w = card["token_shape"]
+        return Layout(tokenizer, card["special"], card["vocab_size"], (h, w), card["caption_tokens"]).prompt
+
+
+register_family(Emu3())

@@ -8,17 +8,16 @@ at 384 px); codes are ids into the VQ's codebook, decoded by the model's own VQ.
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
 from vgen.errors import VGenError
-from vgen.models.hf.adapter import Family, register_family
+from vgen.models.hf.adapter import Family, FamilyBase, register_family
 
-
-def _is_janus(m) -> bool:
-    from transformers import JanusForConditionalGeneration
-    return isinstance(m, JanusForConditionalGeneration)
+SAMPLING = {"cfg_scale": 5.0}  # the model card's recommended settings (cfg 5 for Janus-Pro's generate)
 
 
 def _special(m, name: str) -> int:
@@ -65,8 +64,41 @@ def wrap(m, height: int | None = None, width: int | None = None, boi_token_id: i
         null_prompt=null_prompt, pad_id=pad, text_vocab=int(tc.vocab_size),
         max_positions=getattr(tc, "max_position_embeddings", None),
         codebook=lambda: inner.vqmodel.quantize.embedding.weight.detach(), decode_image=decode_image,
+        sampling=dict(SAMPLING),
         config={"hidden": tc.hidden_size, "layers": tc.num_hidden_layers, "heads": tc.num_attention_heads,
                 "vocab": int(m.config.vq_config.num_embeddings)})
 
 
-register_family("janus", _is_janus, wrap)
+class Janus(FamilyBase):
+    """Janus / Janus-Pro for :func:`vgen.models.from_transformers` and :mod:`vgen.hf_pipeline`: prompts through the
+    processor's chat template (``generation_mode="image"``); the begin-of-image id read from the folder's
+    ``generation_config.json`` (transformers drops its ``generation_kwargs`` on load)."""
+    name = "janus"
+    releases = "Janus, Janus-Pro"
+
+    def model_class(self) -> type:
+        from transformers import JanusForConditionalGeneration
+        return JanusForConditionalGeneration
+
+    def wrap(self, hf_model, height=None, width=None, **options) -> Family:
+        return wrap(hf_model, height, width, **options)
+
+    def load_options(self, name: str, folder: Path, config: dict, height, width):
+        gen = folder / "generation_config.json"  # transformers drops its generation_kwargs on load: read them here
+        kwargs = (json.loads(gen.read_text()).get("generation_kwargs") or {}) if gen.is_file() else {}
+        boi = kwargs.get("boi_token_id")
+        return height, width, {} if boi is None else {"boi_token_id": int(boi)}
+
+    def card_fields(self, name: str, folder: Path, config: dict) -> dict:
+        n = int((config.get("vision_config") or {}).get("num_image_tokens", 576))
+        g = int(round(n ** 0.5))
+        return {"token_shape": [g, g], "vocab_size": int((config.get("vq_config") or {}).get("num_embeddings", 16384)),
+                "sampling": dict(SAMPLING)}
+
+    def tokenize(self, processor, hf_model, family: Family, prompt: str) -> torch.Tensor:
+        msgs = [{"role": "user", "content": [{"type": "text", "text": prompt}]}]
+        text = processor.apply_chat_template(msgs, add_generation_prompt=True)
+        return processor(text=text, generation_mode="image", return_tensors="pt").input_ids[0]
+
+
+register_family(Janus())

@@ -5,6 +5,9 @@ with an acceptance rule, and a slot scheduler keeps every sample moving at its o
   ``window=auto`` path every speculative sampler takes;
 * :mod:`~vgen.samplers.speculative.scheduler`: the slots (continuous batching, prefixes, progress, step maps,
   per-pass histograms) that run a draft source's passes;
+* :mod:`~vgen.samplers.speculative.step`: the one step every pass runs (target pass, verify, write, draft, advance)
+  and the hooks a draft source fills in (:class:`~vgen.samplers.speculative.step.PassHooks`; a chain's defaults in
+  :class:`~vgen.samplers.speculative.step.Chain`);
 * draft sources: :mod:`~vgen.samplers.speculative.jacobi` (the model drafting for itself: Jacobi iteration, its
   inits and couplings) and :mod:`~vgen.samplers.speculative.head` (a trained draft head's chain and tree);
 * :mod:`~vgen.samplers.speculative.rules`: acceptance rules (exact token by token, block, LANTERN, GSD), each with
@@ -15,7 +18,7 @@ with an acceptance rule, and a slot scheduler keeps every sample moving at its o
 
 A draft source and a rule meet only through :class:`~vgen.samplers.speculative.scheduler.DraftSource`,
 :class:`~vgen.samplers.speculative.rules.AcceptanceRule` and the frozen
-:class:`~vgen.samplers.speculative.scheduler.StepConfig`. The samplers (``sjd``, ``scd``, ``gsd``, ``lantern``,
+:class:`~vgen.samplers.speculative.step.StepConfig`. The samplers (``sjd``, ``scd``, ``gsd``, ``lantern``,
 ``eagle``) are compositions in their own files under :mod:`vgen.samplers`.
 """
 from vgen.samplers.speculative.sampler import JacobiSpecOptions, SpeculativeOptions, SpeculativeSampler

@@ -16,9 +16,9 @@ import torch
 
 from vgen.kernels.sampling import cumsum, sample_from_probs
 from vgen.kernels.tree import StaticTree, tree_verify
-from vgen.kernels.verify import gather_rows, guided_logits, verify, window_target
+from vgen.kernels.verify import gather_rows, guided_logits, window_target
 from vgen.models.drafter import InferenceHead
-from vgen.samplers.speculative.scheduler import SlotState, StepConfig, advance
+from vgen.samplers.speculative.step import Chain, SlotState, StepConfig, Verdict, speculative_step
 
 
 def draft_dist(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
@@ -91,47 +91,10 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
                                          model.vocab_size)
 
 
-def chain_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, *, drafter: InferenceHead,
-               dcache) -> SlotState:
-    """One target pass of width W + verification with ``rule`` + the head's next chain of drafts; the state is the
-    scheduler's (tokens[b, :n[b]] decided, tokens[b, n[b]:n[b]+D] drafts with distributions qwin[b])."""
-    tokens, n, qwin, logp, smap, counts = s
-    L, D, cfg, sampling = c.L, c.D, c.cfg, c.sampling
-    ar = torch.arange(W, device=n.device)
-    widx = n[:, None] + ar
-    idx = widx - 1  # the last decided token, then the drafts
-    inp = tokens.gather(1, idx)
-    pos = model.cond_len + idx.clamp_max(L - 1)
-    if cfg:
-        inp, pos = torch.cat([inp, inp]), torch.cat([pos, pos])
-    logits, h = model.decode_features(inp, pos, cache)
-    p = c.target(logits, widx)  # (B, W, V)
-    ua, ur, _, uf = c.uniforms(u)
-    didx = widx[:, :-1]
-    x = tokens.gather(1, didx)
-    # every sample checks all W - 1 drafts: eagle runs one width per job, so wv == W
-    k, tok_k = verify(p, qwin, x, didx < L, None, ua, ur[:, 0], rule)
-    kk = k[:, None]
-    tk = tok_k[:, None]
-    cand = torch.cat([x, tk], 1).scatter_(1, kk, tk)  # past k: never read, rewritten below
-    lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
-    tokens = tokens.scatter(1, widx, cand)
-    logp = logp.scatter(1, widx, lp)
-    smap = smap.scatter(1, widx, it.expand_as(widx))
-
-    # the head catches up on this pass: slot n+j gets (target state after token n+j-1, token n+j), j = 0..W-1
-    dpos = model.cond_len + widx.clamp_max(L - 1)
-    if cfg:
-        cand, dpos = torch.cat([cand, cand]), torch.cat([dpos, dpos])
-    kr = torch.cat([kk, kk]) if cfg else kk
-    # the head's queries this step sit at most W + D - 1 slots past the target's (catch-up, then the chain); rows
-    # parked on the junk slot may read less: their states are never used
-    g = catch_up(model, drafter, dcache, h, cand, dpos, kr, cache.length + W + D)  # the state after token n+k
-    nxt = n + k + 1
-    f, qwin = draft_chain(model, drafter, dcache, g, nxt, uf, L, cfg, n < L, sampling)
-    tokens = tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f)
-    n, counts = advance(n, k, wv, L, counts)
-    return SlotState(tokens, n, qwin, logp, smap, counts)
+def chain_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+    """One pass of the head's chain (:func:`~vgen.samplers.speculative.step.speculative_step` with
+    :class:`HeadChain`'s hooks)."""
+    return speculative_step(HeadChain, model, cache, s, wv, u, it, W, c, rule, **args)
 
 
 def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
@@ -178,57 +141,10 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
     return f, qn
 
 
-def tree_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, *, drafter: InferenceHead,
-              dcache, tree: StaticTree, children: str = "sample") -> SlotState:
-    """One tree pass: the target reads the last decided token and all N tree nodes (tokens[b, n[b]:n[b]+N], node
-    j at offset j - 1, proposals qwin[b]) in one forward pass, verifies the tree with ``rule`` (token by token),
-    keeps the accepted path's cache entries, and the head drafts the next tree."""
-    tokens, n, qwin, logp, smap, counts = s
-    L, cfg, sampling = c.L, c.cfg, c.sampling
-    B, N, Dm, dev = n.shape[0], tree.size, tree.depth_max, n.device
-    nodes = torch.arange(1, N + 1, device=dev)
-    base = model.cond_len + L
-    x = tokens.gather(1, n[:, None] + nodes - 1)
-    tpos = (n - 1)[:, None] + tree.depth[None]  # (B, N + 1): the root, then every node at root + depth
-    inp = torch.cat([tokens.gather(1, (n - 1)[:, None]), x], 1)
-    pos = model.cond_len + tpos.clamp_max(L - 1)
-    slot = torch.cat([pos[:, :1], (base + nodes - 1)[None].expand(B, -1)], 1)
-    if cfg:
-        inp, pos, slot = torch.cat([inp, inp]), torch.cat([pos, pos]), torch.cat([slot, slot])
-    cache.limit(None)
-    cache.write_at(slot)
-    logits, h = model.decode_features(inp, pos, cache, attn_mask=tree.target_mask(pos[:, 0], cache.slots))
-    cache.write_at(None)
-    p = c.target(logits, tpos + 1)  # (B, N + 1, V)
-    ua, ur, _, uf = c.uniforms(u)
-    path, k, tok = tree_verify(tree, p, qwin[:, :N], x, tpos[:, 1:] < L, ua[:, :N], ur[:, 0], rule)
-    ar = torch.arange(Dm + 1, device=dev)
-    pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
-    ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
-    cand = torch.where(ar < k[:, None], ptok, tok[:, None])  # past k: rewritten when decided
-    lp = p.flatten(1).gather(1, pnodes * p.shape[-1] + cand).clamp_min(1e-30).log()
-    widx = n[:, None] + ar
-    tokens = tokens.scatter(1, widx, cand)
-    logp = logp.scatter(1, widx, lp)
-    smap = smap.scatter(1, widx, it.expand_as(widx))
-    # keep the accepted path: node at depth d moves from its scratch slot to the real slot of position n - 1 + d
-    src = torch.where(path > 0, base + path - 1, base - 1)
-    dst = model.cond_len + (n[:, None] + ar[:-1]).clamp_max(L - 1)
-    if cfg:
-        src, dst = torch.cat([src, src]), torch.cat([dst, dst])
-    cache.move(src, dst)
-
-    # the head catches up on the path: slot n+j gets (target state after the node at depth j, token n+j)
-    dpos = model.cond_len + widx.clamp_max(L - 1)
-    if cfg:
-        pnodes, cand, dpos = torch.cat([pnodes, pnodes]), torch.cat([cand, cand]), torch.cat([dpos, dpos])
-    kr = torch.cat([k, k]) if cfg else k
-    g = catch_up(model, drafter, dcache, gather_rows(h, pnodes), cand, dpos, kr[:, None])
-    nxt = n + k + 1
-    f, qn = draft_tree(model, drafter, dcache, tree, g, nxt, uf, L, cfg, sampling, children)
-    tokens = tokens.scatter(1, nxt[:, None] + nodes - 1, f)
-    n, counts = advance(n, k, torch.full_like(n, Dm + 1), L, counts)
-    return SlotState(tokens, n, qn, logp, smap, counts)
+def tree_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+    """One pass of the head's tree (:func:`~vgen.samplers.speculative.step.speculative_step` with
+    :class:`HeadTree`'s hooks)."""
+    return speculative_step(HeadTree, model, cache, s, wv, u, it, W, c, rule, **args)
 
 
 def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
@@ -245,10 +161,33 @@ def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:
     reached = [int((per_pass > d + 1).sum()) for d in range(depth)]
     return [r / passes if passes else 0.0 for r in reached]
 
-class HeadChain:
+class HeadChain(Chain):
     """The draft head's chain (:class:`~vgen.samplers.speculative.scheduler.DraftSource`): after each target pass the head
     catches up on the pass's hidden states and drafts ``window - 1`` tokens, each from its own distribution."""
     step_fn = staticmethod(chain_step)
+
+    # the pass (:class:`~vgen.samplers.speculative.step.PassHooks`); step_args: drafter, dcache (and a tree's)
+    @staticmethod
+    def forward(model, inp, pos, cache, c: StepConfig, **args):
+        return model.decode_features(inp, pos, cache)
+
+    @staticmethod
+    def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *,
+              drafter: InferenceHead, dcache, **args):
+        """The head catches up on this pass (slot n+j gets the target's state after token n+j-1 and token n+j, j =
+        0..W-1), then drafts its chain after the decided tokens."""
+        n, k, cand, L, D = s.n, v.k, v.cand, c.L, c.D
+        dpos = model.cond_len + (n[:, None] + torch.arange(W, device=n.device)).clamp_max(L - 1)
+        kk = k[:, None]
+        if c.cfg:
+            cand, dpos = torch.cat([cand, cand]), torch.cat([dpos, dpos])
+        kr = torch.cat([kk, kk]) if c.cfg else kk
+        # the head's queries this step sit at most W + D - 1 slots past the target's (catch-up, then the chain);
+        # rows parked on the junk slot may read less: their states are never used
+        g = catch_up(model, drafter, dcache, h, cand, dpos, kr, cache.length + W + D)  # the state after token n+k
+        nxt = n + k + 1
+        f, qwin = draft_chain(model, drafter, dcache, g, nxt, us[3], L, c.cfg, n < L, c.sampling)
+        return tokens.scatter(1, nxt[:, None] + torch.arange(D, device=n.device), f), qwin
 
     def __init__(self, model, config: StepConfig, head: InferenceHead, slots: int):
         self.config, self.head = config, head
@@ -257,21 +196,12 @@ class HeadChain:
     def head_cache(self, model, rows: int):
         return self.head.new_cache(model, rows)
 
-    def new_cache(self, model, rows: int):
-        return model.new_cache(rows)
-
     def prefill(self, model, cond_in, cache):
         logits, h = model.prefill_features(cond_in, cache)
         return logits[:, None], h[:, None]
 
     def feed(self, model, x, pos, cache):
         return model.decode_features(x, pos, cache)
-
-    def fill(self, slot: int, seed: int) -> None:
-        pass
-
-    def first_token(self, p0, u, index: int):
-        return sample_from_probs(p0, u)
 
     def first_drafts(self, model, tokens, first, p0, uf, feats, refilled):
         """The head catches up on slots 0..P of the refilled rows (the prefill's hidden states and the given and
@@ -297,6 +227,62 @@ class HeadTree(HeadChain):
     """The draft head's static tree (:mod:`vgen.kernels.tree`): the target verifies every node in one pass, with
     scratch slots past the sequence in both caches."""
     step_fn = staticmethod(tree_step)
+
+    @staticmethod
+    def depths(W: int, device, *, tree: StaticTree, **args) -> torch.Tensor:
+        return tree.depth  # the root (the last decided token), then every node at its depth
+
+    @staticmethod
+    def forward(model, inp, pos, cache, c: StepConfig, *, tree: StaticTree, **args):
+        """Every node reads its ancestors (tree mask) and is written to a scratch slot past the sequence."""
+        nodes = torch.arange(1, tree.size + 1, device=pos.device)
+        slot = torch.cat([pos[:, :1], (model.cond_len + c.L + nodes - 1)[None].expand(pos.shape[0], -1)], 1)
+        cache.limit(None)
+        cache.write_at(slot)
+        out = model.decode_features(inp, pos, cache, attn_mask=tree.target_mask(pos[:, 0], cache.slots))
+        cache.write_at(None)
+        return out
+
+    @staticmethod
+    def decide(p, s: SlotState, wv, us, W: int, c: StepConfig, rule, *, tree: StaticTree, **args) -> Verdict:
+        """The whole tree, token by token with ``rule`` (:func:`vgen.kernels.tree.tree_verify`): the accepted path,
+        then the token drawn after it."""
+        n, N = s.n, tree.size
+        ua, ur, _, _ = us
+        x = s.tokens.gather(1, n[:, None] + torch.arange(N, device=n.device))
+        inside = (n - 1)[:, None] + tree.depth[None, 1:] < c.L
+        path, k, tok = tree_verify(tree, p, s.qwin[:, :N], x, inside, ua[:, :N], ur[:, 0], rule)
+        ar = torch.arange(tree.depth_max + 1, device=n.device)
+        pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
+        ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
+        return Verdict(k, torch.where(ar < k[:, None], ptok, tok[:, None]), pnodes, (path,))
+
+    @staticmethod
+    def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *,
+              drafter: InferenceHead, dcache, tree: StaticTree, children: str = "sample", **args):
+        """The accepted path's keys and values move to their real slots, the head catches up on the path (slot n+j
+        gets the target's state after the node at depth j and token n+j), then drafts the next tree."""
+        n, k, cand, pnodes, (path,) = s.n, v.k, v.cand, v.rows, v.memo
+        L, dev = c.L, n.device
+        base = model.cond_len + L
+        ar = torch.arange(tree.depth_max + 1, device=dev)
+        src = torch.where(path > 0, base + path - 1, base - 1)  # node at depth d -> the slot of position n - 1 + d
+        dst = model.cond_len + (n[:, None] + ar[:-1]).clamp_max(L - 1)
+        if c.cfg:
+            src, dst = torch.cat([src, src]), torch.cat([dst, dst])
+        cache.move(src, dst)
+        dpos = model.cond_len + (n[:, None] + ar).clamp_max(L - 1)
+        if c.cfg:
+            pnodes, cand, dpos = torch.cat([pnodes, pnodes]), torch.cat([cand, cand]), torch.cat([dpos, dpos])
+        kr = torch.cat([k, k]) if c.cfg else k
+        g = catch_up(model, drafter, dcache, gather_rows(h, pnodes), cand, dpos, kr[:, None])
+        nxt = n + k + 1
+        f, qn = draft_tree(model, drafter, dcache, tree, g, nxt, us[3], L, c.cfg, c.sampling, children)
+        return tokens.scatter(1, nxt[:, None] + torch.arange(tree.size, device=dev), f), qn
+
+    @staticmethod
+    def span(wv, *, tree: StaticTree, **args):
+        return torch.full_like(wv, tree.depth_max + 1)
 
     def __init__(self, model, config: StepConfig, head: InferenceHead, slots: int, tree: StaticTree, children: str):
         self.tree, self.children = tree, children

@@ -21,7 +21,7 @@ from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import gather_rows, maximal_coupling, verify
 from vgen.samplers.base import Options, option
-from vgen.samplers.speculative.scheduler import SlotState, StepConfig, advance
+from vgen.samplers.speculative.step import Chain, SlotState, StepConfig, Verdict, buffer_length, speculative_step
 from vgen.samplers.speculative.widths import parse_costs
 
 INITS = ("random", "horizontal", "vertical", "sample", "temporal")
@@ -102,68 +102,67 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     return f, F.one_hot(f, V).to(p_last.dtype) if with_q else None
 
 
-def jacobi_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, *, init: str, fresh_q: str,
-                coupling: str = "independent", gkeys: torch.Tensor | None = None) -> SlotState:
-    """One forward pass of width W + vectorised verification with ``rule`` for every slot, then the next drafts.
-    u: (B, 3D+2) each slot's uniforms for this pass; ``gkeys`` (B, buffer length): every position's Gumbel key
-    per slot (``coupling=gumbel``, :func:`vgen.kernels.gumbel.gumbel_keys`)."""
-    tokens, n, qwin, logp, smap, counts = s
-    L, D = c.L, c.D
-    ar = torch.arange(W, device=n.device)
-    idx = n[:, None] - 1 + ar  # the last accepted token, then the drafts
-    inp = tokens.gather(1, idx)
-    pos = model.cond_len + idx.clamp_max(L - 1)  # past the end: junk rows, parked on a slot no real query reads
-    if c.cfg:
-        inp, pos = torch.cat([inp, inp]), torch.cat([pos, pos])
-    logits = model.decode(inp, pos, cache)
-    p = c.target(logits, n[:, None] + ar)  # (B, W, V)
-
-    ua, ur, uj, uf = c.uniforms(u)
-    didx = n[:, None] + ar[:-1]
-    x = tokens.gather(1, didx)
-    mine = ar[:-1] < (wv - 1)[:, None]  # the drafts each sample checks
-    gumbel = coupling == "gumbel"
-    if gumbel:  # the target's own draw at every position; drafts pass while they equal it
-        t = gumbel_draw(p, gkeys.gather(1, n[:, None] + ar))
-        k = (((x == t[:, :-1]) & (didx < L) & mine).long().cumprod(1).sum(1) if W > 1 else torch.zeros_like(n))
-        cand = t  # accepted drafts (equal to t), t at the first mismatch, then the coupled Jacobi drafts
-    else:
-        k, tok_k = verify(p, qwin, x, didx < L, mine, ua, ur[:, 0], rule)
-        kk = k[:, None]
-        if W > 1:
-            y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
-            if coupling == "maximal":  # keep each old draft where p still allows it (ua past k is unused above)
-                y = torch.cat([maximal_coupling(p[:, :-1], qwin[:, :W - 1], x, ua[:, :W - 1], uj[:, :W - 1]),
-                               y[:, -1:]], 1)
-            cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
-        else:
-            cand = tok_k[:, None]
-    kk = k[:, None]
-    lp = p.gather(-1, cand[..., None]).squeeze(-1).clamp_min(1e-30).log()
-
-    widx = n[:, None] + ar
-    tokens = tokens.scatter(1, widx, cand)
-    logp = logp.scatter(1, widx, lp)  # positions past n+k are rewritten when they are decided
-    smap = smap.scatter(1, widx, it.expand_as(widx))
-    last = n + wv - 1  # each sample's window end: new drafts after it (over what the wider pass wrote)
-    p_last = p.gather(1, (wv - 1)[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)
-    dr = torch.arange(D, device=n.device)
-    if gumbel and init == "sample":  # drafts drawn with their own positions' noise from the last distribution
-        f = gumbel_draw(p_last[:, None].expand(-1, D, -1), gkeys.gather(1, last[:, None] + 1 + dr))
-    else:
-        f, fq = fresh_drafts(tokens, last, p_last, uf, init=init, fresh_q=fresh_q, grid=c.grid, with_q=not gumbel)
-    tokens = tokens.scatter(1, last[:, None] + 1 + dr, f)
-    if not gumbel:  # Gumbel drafts are checked by equality: no draft distributions to keep
-        j = kk + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then the new ones
-        qwin = gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
-
-    n, counts = advance(n, k, wv, L, counts)
-    return SlotState(tokens, n, qwin, logp, smap, counts)
+def jacobi_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+    """One pass of the Jacobi source (:func:`~vgen.samplers.speculative.step.speculative_step` with
+    :class:`JacobiDrafts`' hooks)."""
+    return speculative_step(JacobiDrafts, model, cache, s, wv, u, it, W, c, rule, **args)
 
 
-class JacobiDrafts:
+class JacobiDrafts(Chain):
     """The Jacobi draft source (:class:`vgen.samplers.speculative.scheduler.DraftSource`) for one run of ``slots`` slots."""
     step_fn = staticmethod(jacobi_step)
+
+    # the pass (:class:`~vgen.samplers.speculative.step.PassHooks`); step_args: init, fresh_q, coupling, gkeys (B,
+    # buffer length: every position's Gumbel key per slot, coupling=gumbel, :func:`vgen.kernels.gumbel.gumbel_keys`)
+    @staticmethod
+    def decide(p, s: SlotState, wv, us, W: int, c: StepConfig, rule, *, coupling: str = "independent",
+               gkeys: torch.Tensor | None = None, **args) -> Verdict:
+        """Each slot checks its first wv - 1 drafts; after the first rejection come the Jacobi redraws from p (or,
+        ``maximal``, each old draft kept where p still allows it), which are the next pass's drafts there.
+        ``gumbel``: drafts pass while they equal the target's own draw (no rule)."""
+        tokens, n, qwin = s.tokens, s.n, s.qwin
+        L = c.L
+        ua, ur, uj, _ = us
+        ar = torch.arange(W, device=n.device)
+        didx = n[:, None] + ar[:-1]
+        x = tokens.gather(1, didx)
+        mine = ar[:-1] < (wv - 1)[:, None]  # the drafts each sample checks
+        if coupling == "gumbel":  # the target's own draw at every position; drafts pass while they equal it
+            t = gumbel_draw(p, gkeys.gather(1, n[:, None] + ar))
+            k = (((x == t[:, :-1]) & (didx < L) & mine).long().cumprod(1).sum(1) if W > 1 else torch.zeros_like(n))
+            return Verdict(k, t, None)  # accepted drafts (equal to t), t at the mismatch, then coupled Jacobi drafts
+        k, tok_k = verify(p, qwin, x, didx < L, mine, ua, ur[:, 0], rule)
+        kk = k[:, None]
+        if W == 1:
+            return Verdict(k, tok_k[:, None], None)
+        y = sample_from_probs(p, uj[:, :W])  # Jacobi update at every position: next drafts after the rejection
+        if coupling == "maximal":  # keep each old draft where p still allows it (ua past k is unused above)
+            y = torch.cat([maximal_coupling(p[:, :-1], qwin[:, :W - 1], x, ua[:, :W - 1], uj[:, :W - 1]),
+                           y[:, -1:]], 1)
+        cand = torch.where(ar < kk, torch.cat([x, tok_k[:, None]], 1), torch.where(ar == kk, tok_k[:, None], y))
+        return Verdict(k, cand, None)
+
+    @staticmethod
+    def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *, init: str,
+              fresh_q: str, coupling: str = "independent", gkeys: torch.Tensor | None = None, **args):
+        """New drafts after each slot's window end (over what a wider pass wrote), from ``init``; the Jacobi
+        redraws inside the window keep p as their draft distribution."""
+        n, D = s.n, c.D
+        gumbel = coupling == "gumbel"
+        last = n + wv - 1  # each sample's window end
+        p_last = p.gather(1, (wv - 1)[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)
+        dr = torch.arange(D, device=n.device)
+        uf = us[3]
+        if gumbel and init == "sample":  # drafts drawn with their own positions' noise from the last distribution
+            f = gumbel_draw(p_last[:, None].expand(-1, D, -1), gkeys.gather(1, last[:, None] + 1 + dr))
+        else:
+            f, fq = fresh_drafts(tokens, last, p_last, uf, init=init, fresh_q=fresh_q, grid=c.grid, with_q=not gumbel)
+        tokens = tokens.scatter(1, last[:, None] + 1 + dr, f)
+        if gumbel:  # Gumbel drafts are checked by equality: no draft distributions to keep
+            return tokens, s.qwin
+        j = v.k[:, None] + 1 + dr  # offsets of the next drafts: Jacobi ones inside the sample's window, then new ones
+        return tokens, gather_rows(torch.cat([p, fq], 1), torch.where(j < wv[:, None], j, j - wv[:, None] + W))
+
 
     def __init__(self, model, config: StepConfig, options: JacobiOptions, slots: int):
         self.config, self.init, self.fresh_q, self.coupling = config, options.init, options.fresh_q, options.coupling
@@ -175,16 +174,7 @@ class JacobiDrafts:
 
     @property
     def buffer(self) -> int:
-        return self.config.L + 2 * (self.config.D + 1)
-
-    def new_cache(self, model, rows: int):
-        return model.new_cache(rows)
-
-    def prefill(self, model, cond_in, cache):
-        return model.prefill(cond_in, cache)[:, None], None
-
-    def feed(self, model, x, pos, cache):
-        return model.decode(x, pos, cache), None
+        return buffer_length(self.config.L, self.config.D)
 
     def fill(self, slot: int, seed: int) -> None:
         if self.gumbel:

@@ -87,7 +87,7 @@ def prior_costs(sampler, model, batch: int, codebook=None, draft=None) -> dict[i
         return pass_costs(model, source.step_fn, config, sampler.acceptance(model, codebook), source.step_args,
                           widths, sampler.cost_key(False, draft), batch=batch,
                           ar_step=ar_step(model, sampler.options, batch),
-                          new_cache=lambda rows: source.new_cache(model, rows))
+                          new_cache=lambda rows: source.new_cache(model, rows), fill=source.fill)
 
 
 def enough_passes(model) -> int:

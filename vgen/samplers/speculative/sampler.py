@@ -32,7 +32,8 @@ from vgen.samplers.base import Sampler, SamplingOptions, get_sampler, job_shape,
 from vgen.samplers.speculative.jacobi import JacobiDrafts, JacobiOptions
 from vgen.samplers.speculative.prior import prior_width
 from vgen.samplers.speculative.rules import TokenRule
-from vgen.samplers.speculative.scheduler import Scheduler, StepConfig
+from vgen.samplers.speculative.scheduler import Scheduler
+from vgen.samplers.speculative.step import StepConfig
 from vgen.samplers.speculative.tables import pass_costs, pass_tokens
 from vgen.samplers.speculative.widths import (
     WIDTHS,
@@ -221,7 +222,8 @@ class SpeculativeSampler(Sampler):
         source = self.draft_source(model, config, batch)
         step = compiled(source.step_fn, device=next(model.parameters()).device.type) if o.compile else source.step_fn
         return pass_costs(model, step, config, self.acceptance(model, codebook), source.step_args,
-                          [w for w in WIDTHS if w <= o.max_window], batch=batch, key=self.cost_key(o.compile))
+                          [w for w in WIDTHS if w <= o.max_window], batch=batch, key=self.cost_key(o.compile),
+                          fill=source.fill)
 
     def cost_key(self, compile_: bool, draft=None) -> tuple:
         """What identifies this sampler's pass costs besides the model, machine and batch: its name, eager or

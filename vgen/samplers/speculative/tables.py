@@ -9,9 +9,8 @@ import time
 
 import torch
 
-from vgen.kernels.gumbel import gumbel_keys
 from vgen.samplers.base import example_cond
-from vgen.samplers.speculative.scheduler import SlotState, StepConfig
+from vgen.samplers.speculative.step import SlotState, StepConfig
 
 
 def width_table(file: str, ident: list):
@@ -84,7 +83,7 @@ def pass_tokens(sampler, model, widths: list[int], codebook=None) -> dict[int, f
 
 
 def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: list[int], key: tuple,
-               batch: int = 1, repeats: int = 7, ar_step=None, new_cache=None) -> dict[int, float]:
+               batch: int = 1, repeats: int = 7, ar_step=None, new_cache=None, fill=None) -> dict[int, float]:
     """Seconds per pass of ``step`` (a draft source's step function, compiled or not, with its ``step_args`` and
     the run's ``config`` and ``rule``) at each width for ``batch`` samples, for this model (architecture, dtype,
     device), thread count and settings ``key``: measured once (widths interleaved, median of ``repeats`` after a
@@ -92,7 +91,8 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
     against AR's step at a larger batch (more rows, less per-op overhead to hide them), so the batch is the job's
     (:func:`vgen.samplers.base.job_shape`): every call and rank of one job uses one table and draws the same
     widths. ``ar_step(cache)``: AR's own step on the same cache, timed among the widths as width 0. ``new_cache(rows)``:
-    the draft source's cache (default: the model's)."""
+    the draft source's cache (default: the model's); ``fill(slot, seed)``: the source's own state for a new sample
+    (:meth:`~vgen.samplers.speculative.scheduler.DraftSource.fill`), called for each slot with its index as seed."""
     S = batch
     from vgen.io import atomic_write_json
     w0 = next(model.parameters())
@@ -109,13 +109,11 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
     cache.limit(None)
     model.prefill(example_cond(model, rows, dev), cache)
     n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
-    state = SlotState(torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev), n,
-                      torch.full((S, D, V), 1.0 / V, device=dev), torch.zeros((S, L + 2 * D + 2), device=dev),
-                      torch.zeros((S, L + 2 * D + 2), dtype=torch.long, device=dev),
-                      torch.zeros((S, 3), dtype=torch.long, device=dev))
+    state = SlotState.empty(S, L, D, V, dev, n=n)._replace(qwin=torch.full((S, D, V), 1.0 / V, device=dev))
     u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
-    if step_args.get("gkeys") is not None:  # Gumbel coupling: keys for this measurement's own batch
-        step_args = {**step_args, "gkeys": gumbel_keys(range(S), L + 2 * D + 2, dev)}
+    if fill is not None:  # the source's per-sample state (e.g. Gumbel keys) for this measurement's own batch
+        for b in range(S):
+            fill(b, b)
     it = torch.tensor(1, device=dev)
     seen = model.cond_len + L // 2 + max(widths)
     times = {w: [] for w in widths}
