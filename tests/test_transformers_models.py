@@ -571,9 +571,11 @@ def test_a_bench_wide_compile_leaves_a_forward_vgen_does_not_own_to_auto():
     at compile=auto unless the setting itself names compile=true."""
     from hydra import compose, initialize_config_module
 
+    from vgen.configs import register
     from vgen.eval.bench import plan
     from vgen.pipeline import load_card
     assert load_card("photos-gpt").own_forward and not load_card("photos-emu3").own_forward
+    register()
     with initialize_config_module("vgen.configs", version_base="1.3"):
         cfg = compose("bench", overrides=["models=[photos-gpt,photos-emu3]", "compile=true", "baseline=false",
                                           'samplers=[ar,"sjd:window=4,compile=true"]'])

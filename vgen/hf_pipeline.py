@@ -13,7 +13,6 @@ prompts and CFG row.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from vgen.models.hf import (
     from_transformers,
     registered_families,
 )
-from vgen.pipeline import Generation, register_loader
+from vgen.pipeline import Generation, register_loader, sample_and_decode
 
 
 def _load_vqgan(path, device="cpu", dtype=None):
@@ -173,18 +172,11 @@ class TransformersPipeline:
             seeds = [seed + i for i in range(n)]
         elif len(seeds) != n:
             raise VGenError(f"got {len(seeds)} seeds for {n} prompts: give one seed per prompt")
-        s = self.make_sampler(sampler, **options).resolved(self.model, n, batch_size or n)  # compile=auto, decided
-        t0 = time.perf_counter()
-        tokens, stats = self.sample_tokens(s, ids, [validate.seed(x) for x in seeds], batch_size, progress)
-        tokens = tokens.cpu()
-        step_map = stats.pop("step_map", None)
-        t1 = time.perf_counter()
-        pixels = self.decode(tokens)
+        s, tokens, pixels, stats, step_map = sample_and_decode(
+            self, self.make_sampler(sampler, **options), ids, [validate.seed(x) for x in seeds], batch_size, progress)
         given = {**options, **({"compile": s.options.compile} if hasattr(s.options, "compile") else {})}
-        stats.update(sampler=sampler, options=self.sample_options(sampler, given), num_samples=ids.shape[0],
-                     sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
-        return Generation(pixels, tokens, None, list(seeds), stats, None if step_map is None else step_map.cpu(),
-                          texts)
+        stats.update(sampler=sampler, options=self.sample_options(sampler, given))
+        return Generation(pixels, tokens, None, list(seeds), stats, step_map, texts)
 
     def sample_options(self, sampler: str, options: dict) -> dict:
         """The options given, the model card's settings filled in where not given (what ``generate`` records)."""

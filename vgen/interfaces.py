@@ -242,8 +242,9 @@ class SamplingPipeline(Protocol):
     """A model with what sampling needs wired in (tokenizer or decoder, text encoder or processor, draft head): what
     sampling jobs (``vgen sample``), ``vgen bench`` and the demo use of a pipeline. :class:`vgen.pipeline.Pipeline`
     (vgen's models) and :class:`vgen.hf_pipeline.TransformersPipeline` (transformers' image generators) implement
-    it; each resolves ``compile=auto`` for the whole call in ``generate`` (:meth:`vgen.samplers.base.Sampler.resolved`)
-    and records the resolved options in the stats."""
+    it; both ``generate`` methods sample and decode through one function, :func:`vgen.pipeline.sample_and_decode`,
+    which resolves ``compile=auto`` for the whole call (:meth:`vgen.samplers.base.Sampler.resolved`), so the stats
+    record what ran."""
     card: Any            # the model card it was loaded from (vgen.cards.Card), read before any weights load
     model: Any           # the model the samplers drive
 

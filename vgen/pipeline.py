@@ -234,19 +234,11 @@ class Pipeline:
             seeds = [seed + i for i in range(n)]
         else:
             seeds = [validate.seed(x) for x in seeds]
-        s = s.resolved(self.model, n, batch_size or n)  # compile=auto decided here, so stats say what ran
-        t0 = time.perf_counter()
-        tokens, stats = self.sample_tokens(s, cond, seeds, batch_size=batch_size, progress=progress, prefix=prefix)
-        tokens = tokens.cpu()
-        step_map = stats.pop("step_map", None)
-        t1 = time.perf_counter()
-        pixels = self.decode(tokens)
-        stats.update(sampler=sampler, options=dataclasses.asdict(s.options), num_samples=n,
-                     sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
+        s, tokens, pixels, stats, step_map = sample_and_decode(self, s, cond, seeds, batch_size, progress, prefix)
+        stats.update(sampler=sampler, options=dataclasses.asdict(s.options))
         given = condition.record()  # {"labels": [...]} or {"prompts": [...]}
         labels = torch.tensor(given["labels"]) if "labels" in given else None
-        return Generation(pixels, tokens, labels, seeds, stats, None if step_map is None else step_map.cpu(),
-                          given.get("prompts"))
+        return Generation(pixels, tokens, labels, seeds, stats, step_map, given.get("prompts"))
 
     def sample_tokens(self, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
                       progress: bool = False, prefix: torch.Tensor | None = None):
@@ -257,6 +249,24 @@ class Pipeline:
         draft = self.draft_for(sampler) if sampler.needs_draft else None
         return sampler(self.model, cond.to(self.device), seeds, progress=progress, codebook=codebook,
                        batch_size=batch_size, prefix=prefix, draft=draft)
+
+
+def sample_and_decode(pipe, sampler, cond: torch.Tensor, seeds: list[int], batch_size: int | None = None,
+                      progress: bool = False, prefix: torch.Tensor | None = None):
+    """The one path of every pipeline's ``generate`` (:class:`vgen.interfaces.SamplingPipeline`) from a sampler to
+    pixels: ``compile=auto`` decided for this call's job (so the stats say what ran), the sampler run through
+    ``pipe.sample_tokens``, its tokens decoded. Returns (the sampler as run, tokens (N, seq_len) on the CPU, pixels,
+    stats with ``num_samples``, ``sample_seconds`` and ``decode_seconds``, the step map or None)."""
+    n = cond.shape[0]
+    s = sampler.resolved(pipe.model, n, batch_size or n)
+    t0 = time.perf_counter()
+    tokens, stats = pipe.sample_tokens(s, cond, seeds, batch_size=batch_size, progress=progress, prefix=prefix)
+    tokens = tokens.cpu()
+    step_map = stats.pop("step_map", None)
+    t1 = time.perf_counter()
+    pixels = pipe.decode(tokens)
+    stats.update(num_samples=n, sample_seconds=t1 - t0, decode_seconds=time.perf_counter() - t1)
+    return s, tokens, pixels, stats, None if step_map is None else step_map.cpu()
 
 
 _LOADERS: list[tuple] = []  # (accepts(name), load(name, device=, dtype=, **options), card(name)): other pipeline kinds
