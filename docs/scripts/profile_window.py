@@ -61,7 +61,7 @@ def main():
             tokens = torch.randint(0, V, (S, L + 2 * D + 2))
             state = SlotState(tokens, n, torch.full((S, D, V), 1.0 / V), torch.zeros(S, L + 2 * D + 2),
                               torch.zeros(S, L + 2 * D + 2, dtype=torch.long), torch.zeros(S, 3, dtype=torch.long))
-            u = torch.rand(S, 3 * D + 2)
+            u = torch.rand(S, config.uniform_width)
             it = torch.tensor(1)
             cache.limit(cache.bucket(model.cond_len + L // 2 + max(a.widths)))
             for mode in ("eager", "compiled"):

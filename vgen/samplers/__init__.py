@@ -1,5 +1,5 @@
 """Samplers: one file per method over shared kernels. ``sample(model, labels, sampler=..., seed=...)``."""
-from vgen.samplers import ar, ar_latent, cspd, eagle, gsd, lantern, llamagen_loop, mar, nar, scd, sjd, var, zipar  # noqa: F401,E501  (register every sampler)
+from vgen.samplers import ar, ar_latent, cspd, eagle, gsd, lantern, llamagen_loop, mar, nar, pac, scd, sjd, var, zipar  # noqa: F401,E501  (register every sampler)
 from vgen.samplers.base import (
                                 Options,
                                 Sampler,

@@ -18,7 +18,15 @@ from vgen.kernels.sampling import cumsum, sample_from_probs
 from vgen.kernels.tree import StaticTree, tree_verify
 from vgen.kernels.verify import gather_rows, guided_logits, window_target
 from vgen.models.drafter import InferenceHead
-from vgen.samplers.speculative.step import Chain, SlotState, StepConfig, Verdict, speculative_step
+from vgen.samplers.speculative.step import (
+    Chain,
+    SlotState,
+    StepConfig,
+    Verdict,
+    keep_path,
+    speculative_step,
+    tree_forward,
+)
 
 
 def draft_dist(logits: torch.Tensor, token_index: torch.Tensor, cfg: bool, cfg_scale: float, cfg_interval: int,
@@ -234,21 +242,14 @@ class HeadTree(HeadChain):
 
     @staticmethod
     def forward(model, inp, pos, cache, c: StepConfig, *, tree: StaticTree, **args):
-        """Every node reads its ancestors (tree mask) and is written to a scratch slot past the sequence."""
-        nodes = torch.arange(1, tree.size + 1, device=pos.device)
-        slot = torch.cat([pos[:, :1], (model.cond_len + c.L + nodes - 1)[None].expand(pos.shape[0], -1)], 1)
-        cache.limit(None)
-        cache.write_at(slot)
-        out = model.decode_features(inp, pos, cache, attn_mask=tree.target_mask(pos[:, 0], cache.slots))
-        cache.write_at(None)
-        return out
+        return tree_forward(model, inp, pos, cache, c, tree, features=True)
 
     @staticmethod
     def decide(p, s: SlotState, wv, us, W: int, c: StepConfig, rule, *, tree: StaticTree, **args) -> Verdict:
         """The whole tree, token by token with ``rule`` (:func:`vgen.kernels.tree.tree_verify`): the accepted path,
         then the token drawn after it."""
         n, N = s.n, tree.size
-        ua, ur, _, _ = us
+        ua, ur = us[0], us[1]
         x = s.tokens.gather(1, n[:, None] + torch.arange(N, device=n.device))
         inside = (n - 1)[:, None] + tree.depth[None, 1:] < c.L
         path, k, tok = tree_verify(tree, p, s.qwin[:, :N], x, inside, ua[:, :N], ur[:, 0], rule)
@@ -264,13 +265,8 @@ class HeadTree(HeadChain):
         gets the target's state after the node at depth j and token n+j), then drafts the next tree."""
         n, k, cand, pnodes, (path,) = s.n, v.k, v.cand, v.rows, v.memo
         L, dev = c.L, n.device
-        base = model.cond_len + L
         ar = torch.arange(tree.depth_max + 1, device=dev)
-        src = torch.where(path > 0, base + path - 1, base - 1)  # node at depth d -> the slot of position n - 1 + d
-        dst = model.cond_len + (n[:, None] + ar[:-1]).clamp_max(L - 1)
-        if c.cfg:
-            src, dst = torch.cat([src, src]), torch.cat([dst, dst])
-        cache.move(src, dst)
+        keep_path(model, cache, n, path, c, tree)
         dpos = model.cond_len + (n[:, None] + ar).clamp_max(L - 1)
         if c.cfg:
             pnodes, cand, dpos = torch.cat([pnodes, pnodes]), torch.cat([cand, cand]), torch.cat([dpos, dpos])

@@ -122,7 +122,7 @@ class JacobiDrafts(Chain):
         ``gumbel``: drafts pass while they equal the target's own draw (no rule)."""
         tokens, n, qwin = s.tokens, s.n, s.qwin
         L = c.L
-        ua, ur, uj, _ = us
+        ua, ur, uj = us[0], us[1], us[2]
         ar = torch.arange(W, device=n.device)
         didx = n[:, None] + ar[:-1]
         x = tokens.gather(1, didx)

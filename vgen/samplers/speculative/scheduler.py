@@ -131,7 +131,7 @@ class SlotRun:
         self.cache = source.new_cache(model, 2 * S if c.cfg else S)
         self.P = 0 if prefix is None else prefix.shape[1]
         self.st = SlotState.empty(S, self.L, D, model.vocab_size, dev)
-        self.u = torch.zeros((S, self.L, 3 * D + 2), device=dev)
+        self.u = torch.zeros((S, self.L, c.uniform_width), device=dev)
         self.slot_cond = cond[:1].expand(S, *cond.shape[1:]).clone()
         self.owner = [-1] * S  # sample index held by each slot
         self.start = torch.zeros(S, dtype=torch.long, device=dev)  # iteration at which each slot was prefilled
@@ -166,7 +166,7 @@ class SlotRun:
             i = self.next_sample
             self.owner[b], self.policies[b] = i, None
             self.slot_cond[b] = self.cond[i]
-            self.u[b] = per_sample_uniforms([self.seeds[i]], (L, 3 * D + 2), dev, stream=1)[0]
+            self.u[b] = per_sample_uniforms([self.seeds[i]], (L, c.uniform_width), dev, stream=1)[0]
             source.fill(b, self.seeds[i])
             self.next_sample += 1
         cond_in = torch.cat([self.slot_cond, model.null_cond(self.slot_cond)]) if c.cfg else self.slot_cond
@@ -186,7 +186,7 @@ class SlotRun:
             feats = None if feats is None else torch.cat([feats, more], 1)
             self.prefills += 1
         p0 = c.target(logits, first[:, None])[:, 0]
-        _, ur, _, uf = c.uniforms(self.u[:, 0])
+        _, ur, _, uf, _ = c.uniforms(self.u[:, 0])
         t_new[:, P] = source.first_token(p0, ur[:, 0], P)
         refilled = torch.zeros(S, dtype=torch.bool, device=dev)
         refilled[idx] = True

@@ -32,6 +32,12 @@ class StepConfig:
     temperature: float
     top_k: int
     top_p: float
+    extra: int = 0            # uniforms per pass a source needs beyond the shared layout (:meth:`uniforms`)
+
+    @property
+    def uniform_width(self) -> int:
+        """Uniforms per sample and pass: 3D + 2, plus the source's ``extra``."""
+        return 3 * self.D + 2 + self.extra
 
     @property
     def sampling(self) -> dict:
@@ -43,11 +49,11 @@ class StepConfig:
         return window_target(logits, token_index, self.cfg, **self.sampling)
 
     def uniforms(self, u: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """A pass's uniforms (B, 3D + 2) -> (acceptance (B, D), residual (B, 1), a draw at every fed position
-        (B, D + 1: Jacobi's redraws), new drafts (B, D)). Every source gets this one layout and reads the parts it
-        uses, so a sample's uniforms do not depend on the source that consumes them."""
+        """A pass's uniforms (B, :attr:`uniform_width`) -> (acceptance (B, D), residual (B, 1), a draw at every fed
+        position (B, D + 1: Jacobi's redraws), new drafts (B, D), the source's extra ones (B, extra)). Every source
+        gets this one layout and reads the parts it uses."""
         D = self.D
-        return u.split([D, 1, D + 1, D], dim=1)
+        return u.split([D, 1, D + 1, D, self.extra], dim=1)
 
 
 def buffer_length(L: int, D: int) -> int:
@@ -119,7 +125,7 @@ def speculative_step(hooks: type[PassHooks], model, cache, s: SlotState, wv, u, 
                      **args) -> SlotState:
     """One forward pass of width W for every slot: target pass -> verify -> write tokens, log-probabilities and step
     map -> next drafts -> advance. ``hooks``: the source's :class:`PassHooks`; ``wv`` (B,): each slot's own width
-    (<= W); ``u`` (B, 3D + 2): each slot's uniforms for this pass; ``it``: the pass's number (a 0-d tensor);
+    (<= W); ``u`` (B, uniform_width): each slot's uniforms for this pass; ``it``: the pass's number (a 0-d tensor);
     ``args``: the source's ``step_args``."""
     tokens, n = s.tokens, s.n
     depth = hooks.depths(W, n.device, **args)
@@ -154,6 +160,32 @@ def advance(n, k, wv, L: int, counts):
     return n + emitted, counts + torch.stack([(left > 0).long(), checked, accepted], 1)
 
 
+def tree_forward(model, inp, pos, cache, c: StepConfig, tree, features: bool):
+    """A static tree's pass (:mod:`vgen.kernels.tree`): every node reads the decided prefix and its own ancestors
+    (tree mask) and is written to a scratch slot past the sequence. (logits, hidden states if ``features`` else
+    None)."""
+    nodes = torch.arange(1, tree.size + 1, device=pos.device)
+    slot = torch.cat([pos[:, :1], (model.cond_len + c.L + nodes - 1)[None].expand(pos.shape[0], -1)], 1)
+    cache.limit(None)
+    cache.write_at(slot)
+    mask = tree.target_mask(pos[:, 0], cache.slots)
+    out = model.decode_features(inp, pos, cache, attn_mask=mask) if features else (
+        model.decode(inp, pos, cache, attn_mask=mask), None)
+    cache.write_at(None)
+    return out
+
+
+def keep_path(model, cache, n: torch.Tensor, path: torch.Tensor, c: StepConfig, tree) -> None:
+    """After a tree pass: the accepted path's keys and values move from their scratch slots to their real ones (the
+    node at depth d to the slot of position n - 1 + d)."""
+    base = model.cond_len + c.L
+    src = torch.where(path > 0, base + path - 1, base - 1)
+    dst = model.cond_len + (n[:, None] + torch.arange(tree.depth_max, device=n.device)).clamp_max(c.L - 1)
+    if c.cfg:
+        src, dst = torch.cat([src, src]), torch.cat([dst, dst])
+    cache.move(src, dst)
+
+
 class Chain:
     """A draft source whose drafts form a chain (each pass: the last decided token and W - 1 drafts, verified in
     order by the run's rule), with the model's own cache, prefill and first token. A chain source subclasses it and
@@ -174,7 +206,7 @@ class Chain:
         """Every slot checks all W - 1 drafts (one width for the whole run, so wv == W): the accepted ones, then the
         token drawn at the first rejection (from the rule's residual) or after the last draft."""
         n = s.n
-        ua, ur, _, _ = us
+        ua, ur = us[0], us[1]
         didx = n[:, None] + torch.arange(W - 1, device=n.device)
         x = s.tokens.gather(1, didx)
         k, tok_k = verify(p, s.qwin, x, didx < c.L, None, ua, ur[:, 0], rule)

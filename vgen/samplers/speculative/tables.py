@@ -110,7 +110,7 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
     model.prefill(example_cond(model, rows, dev), cache)
     n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
     state = SlotState.empty(S, L, D, V, dev, n=n)._replace(qwin=torch.full((S, D, V), 1.0 / V, device=dev))
-    u = torch.rand((S, 3 * D + 2), generator=torch.Generator().manual_seed(0)).to(dev)
+    u = torch.rand((S, config.uniform_width), generator=torch.Generator().manual_seed(0)).to(dev)
     if fill is not None:  # the source's per-sample state (e.g. Gumbel keys) for this measurement's own batch
         for b in range(S):
             fill(b, b)

@@ -1,0 +1,77 @@
+"""SJD-PAC (Kang et al., CVPR 2026): speculative Jacobi decoding with proactive draft trees and adaptive
+continuation; training-free and exact.
+
+Each pass verifies a static tree (:mod:`vgen.samplers.speculative.pac`): ``tree_width`` candidates at each of the
+first ``tree_depth`` undecided positions, drawn without replacement from the distributions the last pass computed
+there, then one chain out to ``window - 1`` drafts. Siblings are checked by recursive rejection sampling, so every
+token has the AR sampler's distribution; ``continuation`` keeps last pass's drafts where the new distribution allows
+them (a maximal coupling, as ``scd``'s ``coupling=maximal``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from vgen.errors import VGenError
+from vgen.interfaces import ModelSpec
+from vgen.kernels.tree import StaticTree
+from vgen.samplers.base import option, register_sampler
+from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
+from vgen.samplers.speculative.jacobi import FRESH_Q, INITS
+from vgen.samplers.speculative.pac import PacTables, PacTree, pac_paths
+from vgen.samplers.speculative.step import StepConfig
+
+
+@dataclass
+class PacOptions(SpeculativeOptions):
+    """The tree (``tree_width`` x ``tree_depth``, then a chain to ``window - 1`` drafts), the continuation and the
+    drafts of new positions (``init``, ``fresh_q``, as sjd's)."""
+    window: int | str = option("auto", "the main path's tokens per pass: the last decided one plus window-1 drafts "
+                               "(the tree's branches sit on its first tree_depth positions); auto: this tree at "
+                               "max_window or AR's own loop, whichever is faster (timed once per model, device, "
+                               "settings and the job's batch size)")
+    tree_width: int = option(3, "candidates at each branched position (1: a chain, sjd with the continuation)")
+    tree_depth: int = option(2, "positions after the decided prefix that branch (each node has tree_width children)")
+    continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
+                                "coupling); false: fresh draws (the ablation)")
+    init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
+    fresh_q: str = option("proposal", "draft distribution of new drafts, as sjd's", choices=FRESH_Q)
+
+    def validate(self, spec: ModelSpec | None = None) -> None:
+        super().validate(spec)
+        if self.tree_width < 1 or self.tree_depth < 1:
+            raise VGenError(f"tree_width and tree_depth must be >= 1, got {self.tree_width} and {self.tree_depth}")
+        nodes = sum(self.tree_width ** d for d in range(1, self.tree_depth + 1))
+        if nodes > 512:
+            raise VGenError(f"a tree of width {self.tree_width} and depth {self.tree_depth} has {nodes} nodes: one "
+                            "pass would feed them all; use a narrower or shallower tree (<= 512 nodes)")
+        if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
+            raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images: "
+                            "use init=vertical")
+
+
+@register_sampler
+class PacSampler(SpeculativeSampler):
+    """``sampler=pac``: proactive draft trees (:class:`~vgen.samplers.speculative.pac.PacTree`) verified exactly by
+    recursive rejection sampling (:class:`~vgen.samplers.speculative.rules.TokenRule`)."""
+    name = "pac"
+    Options = PacOptions
+
+    def tables(self, model, window: int) -> PacTables:
+        o = self.options
+        device = next(model.parameters()).device
+        tree = StaticTree.build(pac_paths(window, o.tree_width, o.tree_depth), device)
+        return PacTables(tree, o.tree_width, o.tree_depth, device)
+
+    def step_config(self, model, widest: int) -> StepConfig:
+        t = self.tables(model, widest)
+        config = super().step_config(model, t.tree.size + 1)  # a pass feeds the last decided token and every node
+        return dataclasses.replace(config, extra=PacTree.extra_uniforms(t))
+
+    def draft_source(self, model, config: StepConfig, slots: int, draft=None):
+        o = self.options
+        window = o.window if o.window != "auto" else o.max_window
+        return PacTree(model, config, slots, self.tables(model, window), o.init, o.fresh_q, o.continuation)
+
+    def timed_widths(self) -> list[int]:
+        return [self.options.max_window]  # one tree (at max_window) against AR's loop

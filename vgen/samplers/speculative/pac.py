@@ -1,0 +1,194 @@
+"""Proactive draft trees with adaptive continuation (SJD-PAC, CVPR 2026), the draft source of ``sampler=pac``.
+
+In SJD about half the passes decide one token: a rejection at position i makes every later draft stale (they were
+drawn given the rejected token), and the next pass starts over with one chain. Here every pass verifies a static
+tree instead (:mod:`vgen.kernels.tree`): at each of the first ``tree_depth`` positions after the decided prefix it
+holds ``tree_width`` candidates (the children of every node one level up), then one chain (rank 0) out to the
+window. The candidates of a position are drawn, with no extra forward pass, from the distribution the last pass
+computed there (stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that
+distribution with candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
+(:func:`vgen.kernels.tree.tree_verify`: each rejected sibling's proposal mass leaves the residual target before the
+next sibling is tried), which keeps every decided token's distribution the target's.
+
+**Adaptive continuation** (``continuation=true``): candidate 0 of a position that held a draft last pass is that draft
+where the new (stale) distribution still allows it and a residual draw elsewhere: the maximal coupling of the old
+draft's proposal with the new distribution (:func:`vgen.kernels.verify.maximal_coupling`, SCD's ``coupling=maximal``;
+the official code does the same: keep the draft where it passes against the stale target, else draw from the
+residual). Its law is the new distribution, so it is that candidate's proposal, and the verification stays exact.
+``continuation=false`` draws candidate 0 afresh (the ablation).
+
+Positions past the last pass's window get drafts from ``init`` (:func:`~vgen.samplers.speculative.jacobi.fresh_drafts`)
+and their other candidates without replacement from the same proposal; a proposal with no mass left for a candidate
+(a copy's one-hot, a top-k support smaller than the width) leaves that node empty: it is never accepted.
+
+Unlike the official code, the token at a rejection is decided in the pass that rejects (a residual draw, as SJD and
+every vgen sampler), so the tree starts at the first undecided position: the official ``tree_depth`` counts the root
+and the rejected position, so its default 3 is ``tree_depth=2`` here (docs/samplers.md).
+"""
+from __future__ import annotations
+
+import torch
+
+from vgen.kernels.sampling import sample_from_probs
+from vgen.kernels.tree import StaticTree, tree_verify
+from vgen.kernels.verify import gather_rows, maximal_coupling
+from vgen.samplers.speculative.jacobi import fresh_drafts
+from vgen.samplers.speculative.step import (
+    Chain,
+    SlotState,
+    StepConfig,
+    Verdict,
+    keep_path,
+    speculative_step,
+    tree_forward,
+)
+
+
+def pac_paths(window: int, width: int, depth: int) -> tuple[tuple[int, ...], ...]:
+    """The tree: every path of ranks < ``width`` up to ``depth``, then the main path (ranks 0) out to ``window - 1``
+    drafts."""
+    level, paths = [()], []
+    for _ in range(min(depth, window - 1)):
+        level = [p + (r,) for p in level for r in range(width)]
+        paths += level
+    paths += [(0,) * d for d in range(min(depth, window - 1) + 1, window)]
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+class PacTables:
+    """A tree's index tables for drafting: each node's column (depth - 1) and rank, each node's first child, and the
+    main path's node at every depth."""
+
+    def __init__(self, tree: StaticTree, width: int, depth: int, device):
+        paths = tree.paths
+        index = {p: i + 1 for i, p in enumerate(paths)}
+        self.tree, self.width, self.depth, self.columns = tree, width, depth, tree.depth_max
+        self.col = torch.tensor([len(p) - 1 for p in paths], device=device)
+        self.rank = torch.tensor([p[-1] for p in paths], device=device)
+        self.first_child = torch.tensor([0] + [index.get(p + (0,), 0) for p in paths], device=device)
+        self.main = torch.tensor([0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)], device=device)
+        self.branched = min(depth, tree.depth_max)  # the columns with ``width`` candidates
+
+
+def candidates(base: torch.Tensor, rank0: torch.Tensor, u: torch.Tensor, t: PacTables):
+    """Node tokens (B, N) and proposals (B, N, V) of a tree whose column j's candidate 0 is ``rank0[:, j]``, drawn from
+    ``base[:, j]`` (B, J, V), and whose other candidates at the branched columns are drawn without replacement from
+    it, in rank order, with uniforms ``u`` (B, >= (width - 1) * branched)."""
+    B, J, V = base.shape
+    W, K = t.width, t.branched
+    toks = rank0[:, :, None].expand(B, J, W).clone()  # chain columns: rank 0 only
+    props = base[:, :, None].expand(B, J, W, V).clone()
+    for j in range(K):
+        left = base[:, j].clone()
+        for r in range(W):
+            if r:
+                left.scatter_(1, toks[:, j, r - 1:r], 0.0)  # without replacement: the earlier candidates are gone
+                mass = left.sum(-1, keepdim=True)
+                props[:, j, r] = torch.where(mass > 0, left / mass.clamp_min(1e-30), torch.zeros_like(left))
+                toks[:, j, r] = sample_from_probs(torch.where(mass > 0, left, base[:, j]), u[:, j * (W - 1) + r - 1])
+    flat = t.col * W + t.rank  # each node's (column, rank)
+    return toks.flatten(1)[:, flat], props.flatten(1, 2)[:, flat]
+
+
+def pac_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+    """One pass of the proactive tree (:func:`~vgen.samplers.speculative.step.speculative_step` with
+    :class:`PacTree`'s hooks)."""
+    return speculative_step(PacTree, model, cache, s, wv, u, it, W, c, rule, **args)
+
+
+class PacTree(Chain):
+    """SJD-PAC's tree as a draft source (module docstring); ``step_args``: the tree's tables, ``init``, ``fresh_q``
+    and ``continuation``."""
+    step_fn = staticmethod(pac_step)
+
+    @staticmethod
+    def depths(W: int, device, *, tables: PacTables, **args) -> torch.Tensor:
+        return tables.tree.depth
+
+    @staticmethod
+    def forward(model, inp, pos, cache, c: StepConfig, *, tables: PacTables, **args):
+        return tree_forward(model, inp, pos, cache, c, tables.tree, features=False)
+
+    @staticmethod
+    def decide(p, s: SlotState, wv, us, W: int, c: StepConfig, rule, *, tables: PacTables, **args) -> Verdict:
+        """Recursive rejection over the tree (:func:`vgen.kernels.tree.tree_verify`); an empty node (no proposal
+        mass) is never accepted."""
+        tree = tables.tree
+        n, N = s.n, tree.size
+        ua, ur = us[0], us[1]
+        x = s.tokens.gather(1, n[:, None] + torch.arange(N, device=n.device))
+        q = s.qwin[:, :N]
+        inside = ((n - 1)[:, None] + tree.depth[None, 1:] < c.L) & (q.gather(-1, x[..., None]).squeeze(-1) > 0)
+        path, k, tok = tree_verify(tree, p, q, x, inside, ua[:, :N], ur[:, 0], rule)
+        ar = torch.arange(tree.depth_max + 1, device=n.device)
+        pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
+        ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
+        return Verdict(k, torch.where(ar < k[:, None], ptok, tok[:, None]), pnodes, (path, x))
+
+    @staticmethod
+    def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *,
+              tables: PacTables, init: str, fresh_q: str, continuation: bool, **args):
+        """The accepted path's keys and values move to their slots; the next tree's candidates come from the
+        distributions this pass computed after the nodes that continue the decided path (rank 0 from the deepest
+        decided node, the main path where that runs out), positions past the tree from ``init``."""
+        tree = tables.tree
+        n, k, (path, x) = s.n, v.k, v.memo
+        B, J, V, dev = n.shape[0], tables.columns, p.shape[-1], n.device
+        keep_path(model, cache, n, path, c, tree)
+        ex = us[4]
+        keep_u, redraw_u = ex[:, :J], ex[:, J:2 * J]
+        rank_u, fresh_u = ex[:, 2 * J:2 * J + (tables.width - 1) * tables.branched], ex[:, -(J + 1):]
+        # the node continuing the decided path at every depth d = 1..J (path, then rank 0, then the main path)
+        cont, cur = [], torch.zeros_like(k)
+        for d in range(1, J + 1):
+            on = d <= k
+            nxt = torch.where(tables.first_child[cur] > 0, tables.first_child[cur], tables.main[d])
+            cur = torch.where(on, path[:, d - 1], nxt)
+            cont.append(cur)
+        cont = torch.stack(cont, 1)  # (B, J)
+        nn = n + k + 1  # the next tree's column j sits at position nn + j = depth k + 2 + j of this tree
+        ar = torch.arange(J, device=dev)
+        dg = k[:, None] + 1 + ar  # depth of the node whose target is column j's distribution
+        dx = dg + 1  # depth of the old draft at column j
+        stale = dg <= J
+        g = gather_rows(p, torch.where(stale, cont.gather(1, (dg - 1).clamp_max(J - 1)), 0))  # (B, J, V)
+        # new positions (past this tree): drafts from init after the main path's end, proposals as Jacobi's
+        last = n - 1 + J
+        p_last = p.gather(1, tables.main[J].expand(B)[:, None, None].expand(B, 1, V)).squeeze(1)
+        f, fq = fresh_drafts(tokens, last, p_last, fresh_u, init=init, fresh_q=fresh_q, grid=c.grid)
+        fj = (dg - J).clamp(0, J)  # column j's index among the new positions (from position n + J)
+        base = torch.where(stale[..., None], g, gather_rows(fq, fj))
+        r0 = sample_from_probs(g, redraw_u)
+        if continuation:  # the old draft where the new distribution allows it, else a residual draw
+            old = dx <= J
+            node = cont.gather(1, (dx - 1).clamp_max(J - 1))
+            xo = x.gather(1, (node - 1).clamp_min(0))
+            qo = gather_rows(s.qwin, (node - 1).clamp_min(0))
+            r0 = torch.where(old, maximal_coupling(g, qo, xo, keep_u, redraw_u), r0)
+        r0 = torch.where(stale, r0, f.gather(1, fj))
+        toks, qn = candidates(base, r0, rank_u, tables)
+        tokens = tokens.scatter(1, nn[:, None] + torch.arange(tree.size, device=dev), toks)
+        return tokens, qn
+
+    @staticmethod
+    def span(wv, *, tables: PacTables, **args):
+        return torch.full_like(wv, tables.tree.depth_max + 1)
+
+    def __init__(self, model, config: StepConfig, slots: int, tables: PacTables, init: str, fresh_q: str,
+                 continuation: bool):
+        self.config, self.tables, self.init, self.fresh_q = config, tables, init, fresh_q
+        self.step_args = dict(tables=tables, init=init, fresh_q=fresh_q, continuation=continuation)
+
+    @staticmethod
+    def extra_uniforms(tables: PacTables) -> int:
+        return 3 * tables.columns + 1 + (tables.width - 1) * tables.branched
+
+    def new_cache(self, model, rows: int):
+        return model.new_cache(rows, max_len=model.cond_len + model.seq_len + self.tables.tree.size)  # + scratch
+
+    def first_drafts(self, model, tokens, first, p0, uf, feats, refilled):
+        """The first tree after a prefill: every column from ``init``, its other candidates without replacement."""
+        t = self.tables
+        J = t.columns
+        f, fq = fresh_drafts(tokens, first, p0, uf[:, :J], init=self.init, fresh_q=self.fresh_q, grid=self.config.grid)
+        return candidates(fq, f, uf[:, J:], t)  # node j at offset j - 1 after the first token
