@@ -17,7 +17,7 @@ from vgen.interfaces import ModelSpec
 from vgen.kernels.tree import StaticTree
 from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
-from vgen.samplers.speculative.jacobi import FRESH_Q, INITS
+from vgen.samplers.speculative.jacobi import FRESH_Q, INITS, check_init
 from vgen.samplers.speculative.pac import PacTables, PacTree, pac_paths
 from vgen.samplers.speculative.step import StepConfig
 
@@ -45,9 +45,7 @@ class PacOptions(SpeculativeOptions):
         if nodes > 512:
             raise VGenError(f"a tree of width {self.tree_width} and depth {self.tree_depth} has {nodes} nodes: one "
                             "pass would feed them all; use a narrower or shallower tree (<= 512 nodes)")
-        if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
-            raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images: "
-                            "use init=vertical")
+        check_init(self.init, spec)
 
 
 @register_sampler

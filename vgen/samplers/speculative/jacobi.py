@@ -57,9 +57,14 @@ class JacobiOptions(Options):
             raise VGenError(f"coupling={self.coupling} does not fit this sampler (it takes "
                             f"{' or '.join(self.couplings)}): Gumbel coupling accepts a draft only when it equals the "
                             "target's own draw, which is sampler=scd")
-        if self.init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
-            raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images "
-                            f"(token grid {spec.token_shape}): use init=vertical")
+        check_init(self.init, spec)
+
+
+def check_init(init: str, spec: ModelSpec | None) -> None:
+    """``init=temporal`` needs a video model (a one-line error before any weights load)."""
+    if init == "temporal" and spec is not None and spec.token_shape is not None and not spec.is_video:
+        raise VGenError(f"init=temporal copies drafts from the previous frame, but {spec.name} makes images "
+                        f"(token grid {spec.token_shape}): use init=vertical")
 
 
 def copy_source(last: torch.Tensor, off: torch.Tensor, stride: int) -> torch.Tensor:
