@@ -205,7 +205,11 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     sjd = next(row for row in rep["rows"] if row["sampler"].startswith("sjd") and row["batch_size"] == 1)
     assert sjd["pass_reduction"] == 4 * 16 / sjd["forward_passes"] > 1
     assert 0 < sjd["acceptance_rate"] <= 1 and "nll_excess" in sjd and sjd["speedup_vs_ar"] > 0
+    h = sjd["pass_histogram"]  # passes deciding 1..4 tokens (the prefill and each sample's cut last pass left out)
+    assert len(h) == 4 and 0 < sum(h) < sjd["forward_passes"] and sjd["single_token_share"] == h[0] / sum(h)
+    assert sum(c * n for c, n in enumerate(h, 1)) < 4 * 16
     assert "| ms/token |" in r.stdout and "fewer passes" in r.stdout and "FID-photo" in r.stdout
+    assert "1-token passes" in r.stdout
     assert (out / "bench.png").stat().st_size > 1000
     assert sjd["fid_samples"] == 6 and sjd["fid_photo"] > 0 and sjd["fid_photo_vs_ar"] > 0
     # lantern's window=auto draws per batch size (its cost table is the job's): scored at each

@@ -116,3 +116,26 @@ def test_a_condition_kind_a_draft_source_and_a_rule_from_outside_vgen_sample_tog
         assert torch.equal(toks, sample(tiny_gpt, [1, 3], "toy-all", seed=4, window=3)[0])
     finally:
         unregister_kind(kind.name)
+
+
+KINDS_CHILD = """
+import json, sys
+from vgen.models.loading import list_kinds
+before = "vgen.tokenizers" in sys.modules
+kinds = list_kinds()
+print(json.dumps({"before": before, "after": "vgen.tokenizers" in sys.modules, "vq": "vq" in kinds,
+                  "msvq": "var-vqvae" in kinds, "pipeline": "vgen.pipeline" in sys.modules}))
+"""
+
+
+def test_kind_lookups_find_every_package_declared_under_the_kinds_entry_points():
+    """Model and tokenizer kinds are found through the `vgen.kinds` entry points (pyproject.toml: vgen's own two
+    packages; a plugin declares its own there): in a fresh interpreter that imports only the model package, the
+    first lookup imports the tokenizers and knows their kinds, with no pipeline imported."""
+    import json
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", KINDS_CHILD], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"before": False, "after": True, "vq": True,
+                                                             "msvq": True, "pipeline": False}

@@ -134,38 +134,42 @@ import json, os, sys
 at_torch = []
 sys.addaudithook(lambda event, args: event == "import" and args[0] == "torch" and not at_torch
                  and at_torch.append(os.environ.get("GOMP_SPINCOUNT")))
-
-
-def import_vgen(program, chosen):
-    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
-        os.environ.pop(k, None)
+got = {}
+import vgen
+got["import"] = [os.environ.get("GOMP_SPINCOUNT"), "torch" in sys.modules, "vgen.hf_pipeline" in sys.modules]
+from vgen import cli
+for case, chosen in (("policy", {"OMP_WAIT_POLICY": "ACTIVE"}), ("count", {"GOMP_SPINCOUNT": "300000"})):
     os.environ.update(chosen)
-    sys.orig_argv = [sys.executable, "-u", "-m", program, "sample"]
-    sys.modules.pop("vgen", None)  # vgen/__init__.py runs again (the submodules it imports stay loaded)
-    import vgen  # noqa: F401
-    return os.environ.get("GOMP_SPINCOUNT")
-
-
-got = {"vgen": import_vgen("vgen", {}), "at_torch": at_torch}
-got.update(mytool=import_vgen("mytool", {}), policy=import_vgen("vgen", {"OMP_WAIT_POLICY": "ACTIVE"}),
-           count=import_vgen("vgen", {"GOMP_SPINCOUNT": "300000"}), again=import_vgen("vgen", {}))
+    cli._starting()
+    got[case] = os.environ.get("GOMP_SPINCOUNT")
+    for k in chosen:
+        os.environ.pop(k)
+cli.main(["--help"])  # the command: the spin bound is set before its usage line loads torch
+got["at_torch"] = at_torch
+os.environ.pop("GOMP_SPINCOUNT")
+cli.main(["--help"])
+got["in_process"] = os.environ.get("GOMP_SPINCOUNT")  # torch already loaded: main changes nothing
+got["version"] = vgen.__version__ == vgen.version.__version__
+got["names"] = all(getattr(vgen, n) is not None for n in vgen.__all__) and len(vgen.__all__) == 12
+from vgen.pipeline import load_card
+got["emu3"] = [load_card("photos-emu3").model_kind, "vgen.hf_pipeline" in sys.modules]
 print(json.dumps(got))
 """
 
 
-def test_the_vgen_command_bounds_openmp_spinning():
-    """A `vgen` process (python -m vgen, as torchrun starts it) bounds how long idle OpenMP threads spin before they
-    sleep (set before torch starts: the value the environment holds when torch is first imported), unless the user
-    chose a wait policy or a spin count; another program that imports vgen is left alone. One fresh interpreter: its
-    first import of vgen is the `vgen` command's; the other cases run vgen/__init__.py again there with that
-    case's command line and environment (one process instead of four: each is mostly torch's import)."""
+def test_importing_vgen_changes_nothing_and_the_command_bounds_openmp_spinning():
+    """`import vgen` loads neither torch nor the transformers loader and sets no variable; the `vgen` command
+    (vgen.cli.main, what the script and `python -m vgen` run, as torchrun starts it) bounds how long idle OpenMP
+    threads spin before they sleep, set before torch starts (the value the environment holds when torch is first
+    imported), unless the user chose a wait policy or a spin count; main run in a process that already holds torch
+    (a test, a notebook) leaves the environment alone. The transformers loader is found through its entry point
+    (`vgen.loaders`) on the first card read. One fresh interpreter."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     r = subprocess.run([sys.executable, "-c", SPIN_CHILD], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    # again: the module really runs again each time (else mytool's and policy's None would prove nothing)
-    assert got == {"vgen": "1000", "at_torch": ["1000"], "mytool": None, "policy": None, "count": "300000",
-                   "again": "1000"}, got
+    assert got == {"import": [None, False, False], "policy": None, "count": "300000", "at_torch": ["1000"],
+                   "in_process": None, "version": True, "names": True, "emu3": ["transformers", True]}, got
 
 
 @pytest.mark.slow

@@ -139,7 +139,26 @@ def _task(command: str):
     return getattr(commands, command)
 
 
+def _starting() -> None:
+    """The command's start-up settings, made before torch loads (and only then: run in a process that already holds
+    torch, such as a test or a notebook, main changes neither): idle OpenMP threads spin briefly, then sleep
+    (``GOMP_SPINCOUNT=1000`` unless the user chose ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``; libgomp reads it when
+    torch loads; vgen.threads); and for the ``vgen`` script, Ctrl-C while torch & co. load prints one line instead of a
+    traceback (main puts the default handler back once it can catch the interrupt)."""
+    if "torch" in sys.modules:
+        return
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
+        os.environ["GOMP_SPINCOUNT"] = "1000"
+    import signal
+    if os.path.basename(sys.argv[0] or "") == "vgen" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        def starting(signum, frame):
+            sys.stderr.write("\nvgen: interrupted while starting (nothing was written)\n")
+            os._exit(130)
+        signal.signal(signal.SIGINT, starting)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _starting()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -193,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sys.argv = [f"vgen {command}"] + rest
     import signal
-    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "_starting":  # set while vgen was importing
+    if getattr(signal.getsignal(signal.SIGINT), "__name__", "") == "starting":  # set by _starting()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # from here an interrupt is caught below
     full = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors (instead of printing and exiting 1): caught here

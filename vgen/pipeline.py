@@ -270,19 +270,34 @@ def sample_and_decode(pipe, sampler, cond: torch.Tensor, seeds: list[int], batch
 
 
 _LOADERS: list[tuple] = []  # (accepts(name), load(name, device=, dtype=, **options), card(name)): other pipeline kinds
+LOADER_GROUP = "vgen.loaders"  # entry points: modules that call register_loader when imported
+_discovered = False
 
 
 def register_loader(accepts, load, card=None) -> None:
     """Let ``load_pipeline`` hand names ``accepts`` recognises to ``load``, and :func:`load_card` to ``card`` (their
     :class:`Card`, read without loading weights; its ``model_kind`` names the loader's kind and ``model_file`` the
     name to load). :mod:`vgen.hf_pipeline` registers transformers folders, cached ``hf://`` repos and the zoo's
-    transformers models (kind ``transformers``)."""
+    transformers models (kind ``transformers``). A package of its own declares its module under the entry-point group
+    ``vgen.loaders`` (as vgen's pyproject.toml does for :mod:`vgen.hf_pipeline`): it is imported on the first load."""
     _LOADERS.append((accepts, load, card))
+
+
+def loaders() -> list[tuple]:
+    """The registered loaders, after importing every module declared under the ``vgen.loaders`` entry points (once
+    per process, on first use: importing vgen loads none of them)."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=LOADER_GROUP):
+            ep.load()
+    return _LOADERS
 
 
 def load_card(name) -> Card:
     """The card of any pipeline ``load_pipeline`` loads, before any weights load (a sampling job's checks)."""
-    for accepts, _, card in _LOADERS:
+    for accepts, _, card in loaders():
         if card is not None and accepts(name):
             return card(name)
     return Card.load(name)
@@ -290,7 +305,7 @@ def load_card(name) -> Card:
 
 def pipeline_for(card: Card, device="cpu", dtype=None):
     """The pipeline a card from :func:`load_card` describes: a vgen :class:`Pipeline`, or a registered kind's."""
-    for accepts, load, make_card in _LOADERS:
+    for accepts, load, make_card in loaders():
         if make_card is not None and card.external and accepts(card.model_file):
             return load(card.model_file, device=device, dtype=dtype)
     return Pipeline.from_card(card, device=device, dtype=dtype)
@@ -301,7 +316,7 @@ def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, **options)
     model in ``dtype`` (None: as stored). A transformers image generator (Janus, Emu3, Lumina-mGPT, Anole: a
     save_pretrained folder, or ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes options
     ``height``, ``width``, ``negative_prompt``."""
-    for accepts, load, _ in _LOADERS:
+    for accepts, load, _ in loaders():
         if accepts(name):
             return load(name, device=device, dtype=dtype, **options)
     if options:

@@ -8,9 +8,9 @@ threads of one team wait on each other while the other process holds the cores. 
 
 where the usable cores are this process's CPU affinity and the processes are torchrun's ``LOCAL_WORLD_SIZE`` (1
 outside torchrun). ``OMP_NUM_THREADS`` is not read: torchrun sets it to 1 for every process whatever the machine.
-The ``vgen`` command also bounds how long OpenMP's idle threads spin before they sleep (``GOMP_SPINCOUNT=1000``
-unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a thread spinning at a barrier while its partner waits
-for a core held by another process stalls both. ``OMP_WAIT_POLICY=PASSIVE`` (no spinning) fixes the sharing as
+The ``vgen`` command (``vgen.cli.main``, before torch loads) also bounds how long OpenMP's idle threads spin before
+they sleep (``GOMP_SPINCOUNT=1000`` unless ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is set): a thread spinning at a
+barrier while its partner waits for a core held by another process stalls both. ``OMP_WAIT_POLICY=PASSIVE`` (no spinning) fixes the sharing as
 well but makes a job alone on 2 cores about 1.6x slower. The measurements are in docs/lab/benchmarks-log.md
 (concurrency) and ``docs/scripts/concurrency.sh``.
 """

@@ -3,7 +3,8 @@
 Each model kind registers itself where it is defined (``register_kind`` at the bottom of its module: how to build it,
 how to read its config from tensor shapes, how to recognise its state dict); importing this package imports them
 all. Tokenizer kinds register in :mod:`vgen.tokenizers`; :mod:`vgen.kinds` imports both families, so it knows every
-kind (importing :mod:`vgen` imports it).
+kind, and the first kind lookup (``build``, ``load_official``, ``list_kinds``) imports every package declared under
+the ``vgen.kinds`` entry points (both of vgen's, a plugin's), so ``build("vq")`` works from here too.
 """
 from vgen.models.car import CAR, CARConfig  # noqa: E402
 from vgen.models.gpt import GPT, GPTConfig  # noqa: E402  (each module registers its kind)

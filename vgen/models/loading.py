@@ -16,6 +16,21 @@ from vgen.errors import VGenError
 # kind -> builder, config dataclass, infer(state_dict) -> dict, signature(state_dict) -> bool, description, and the
 # optional hooks preset(cfg) -> name, finalize(cfg, inferred, given) -> cfg, required (config fields shapes cannot give)
 _KINDS: dict[str, dict] = {}
+KIND_GROUP = "vgen.kinds"  # entry points: packages whose modules call register_kind when imported
+_discovered = False
+
+
+def _registry() -> dict[str, dict]:
+    """Every registered kind, after importing the packages declared under the ``vgen.kinds`` entry points (vgen's own
+    models and tokenizers, a plugin's), once per process on the first lookup: ``build("vq")`` works after importing
+    :mod:`vgen.models` alone."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        from importlib.metadata import entry_points
+        for ep in entry_points(group=KIND_GROUP):
+            ep.load()
+    return _KINDS
 
 GPT_PRESETS = {  # LlamaGen: n_layer, n_head, dim
     "GPT-B": (12, 12, 768), "GPT-L": (24, 16, 1024), "GPT-XL": (36, 20, 1280), "GPT-XXL": (48, 24, 1536),
@@ -35,18 +50,19 @@ def register_kind(name: str, builder: Callable, config_cls, infer: Callable, sig
     what config it can from tensor shapes; ``signature(state_dict)`` recognises its checkpoints; ``preset(cfg)`` names
     the released size a config matches; ``finalize(cfg, inferred, given)`` adjusts the merged config;
     ``required`` lists fields that must come from the caller or the file's metadata when the shapes cannot say;
-    ``convert(state_dict)`` maps other released key layouts onto the model's (before anything else reads them)."""
+    ``convert(state_dict)`` maps other released key layouts onto the model's (before anything else reads them).
+    A package of its own declares the module that calls it under the ``vgen.kinds`` entry-point group."""
     _KINDS[name] = dict(builder=builder, config_cls=config_cls, infer=infer, signature=signature,
                         description=description, preset=preset, finalize=finalize, required=required,
                         convert=convert)
 
 
 def list_kinds() -> list[str]:
-    return sorted(_KINDS)
+    return sorted(_registry())
 
 
 def _kind(kind: str) -> dict:
-    if kind not in _KINDS:
+    if kind not in _registry():
         raise VGenError(f"unknown model kind {kind!r}; available kinds: {', '.join(list_kinds())}")
     return _KINDS[kind]
 
@@ -119,7 +135,7 @@ def _read_weights_only(path: Path):
 
 
 def detect_kind(sd: dict) -> str | None:
-    for name, k in _KINDS.items():
+    for name, k in _registry().items():
         if k["signature"](sd):
             return name
     return None

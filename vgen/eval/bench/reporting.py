@@ -143,7 +143,8 @@ def markdown_table(rows: list[dict]) -> str:
     cols = [("model", "model", "{}"), ("sampler", "sampler", "{}"), ("batch", "batch_size", "{}"),
             ("ms/token", "ms_per_token", "{:.2f}"), ("ms/pass", "ms_per_pass", "{:.2f}"), ("tokens/s", "tokens_per_s", "{:.0f}"),
             ("images/s", "images_per_s", "{:.2f}"), ("fwd passes", "forward_passes", "{}"),
-            ("tok/step", "accepted_per_step", "{:.2f}"), ("accept", "acceptance_rate", "{:.2f}"),
+            ("tok/step", "accepted_per_step", "{:.2f}"), ("1-token passes", "single_token_share", "{:.0%}"),
+            ("accept", "acceptance_rate", "{:.2f}"),
             ("nll", "nll", "{:.3f}"), ("drift (nll - ar)", "nll_excess", "{:+.3f}"),
             ("FID-photo", "fid_photo", "{:.2f}"), ("FVD-photo", "fvd_photo", "{:.1f}"), ("KV MB", "kv_cache_bytes", "{:.2f}"),
             ("KV kept", "kv_kept_fraction", "{:.1%}"), ("peak KV vs ref", "kv_vs_ref", "{:.1%}"), ("PSNR vs ref dB", "psnr_vs_ref", "{:.2f}"),
@@ -196,9 +197,33 @@ def _fidelity_panels(ax_psnr, ax_fid, rows):
         a.legend(fontsize=7)
 
 
+def _histogram_panel(ax, rows):
+    """The share of passes that decided 1, 2, ... tokens, one line per speculative setting (its first batch size):
+    SJD's long tail of one-token passes against the methods that shorten it."""
+    seen = set()
+    for r in rows:
+        h = r.get("pass_histogram") or []
+        key = (r["model"], r["sampler"])
+        if not sum(h) or key in seen:
+            continue
+        seen.add(key)
+        last = max(i for i, n in enumerate(h) if n) + 1
+        tot = sum(h)
+        model = f"{r['model']} " if len({x["model"] for x in rows}) > 1 else ""
+        ax.plot(range(1, last + 1), [n / tot for n in h[:last]], "o-", ms=3,
+                label=f"{model}{r['sampler']} B={r['batch_size']}")
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("tokens decided in the pass")
+    ax.set_ylabel("share of passes")
+    ax.set_title("accepted per pass")
+    ax.legend(fontsize=6)
+
+
 def _plot(rows, path: Path):
-    """Left: ms per token for every cell. Right: speed-up and forward-pass reduction against AR versus drift
-    (nll excess over AR, nats/token), one marker per sampler setting and batch size."""
+    """Left: ms per token for every cell. Then: speed-up and forward-pass reduction against AR versus drift
+    (nll excess over AR, nats/token), one marker per sampler setting and batch size; the speculative samplers'
+    per-pass histograms (share of passes deciding 1, 2, ... tokens); fidelity and FID panels where measured."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -209,7 +234,8 @@ def _plot(rows, path: Path):
     has_fid = any("fid_photo" in r for r in rows)
     fidel = [r for r in rows if r.get("psnr_vs_ref") not in (None, float("inf")) and "kv_vs_ref" in r]
     has_drift = any("nll_excess" in r for r in rows)
-    n = 1 + (has_drift or not fidel) + has_fid + 2 * bool(fidel)
+    has_hist = any(sum(r.get("pass_histogram") or []) for r in rows)
+    n = 1 + (has_drift or not fidel) + has_hist + has_fid + 2 * bool(fidel)
     fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 4.5), gridspec_kw={"width_ratios": [1.4] + [1] * (n - 1)})
     axes = list(axes)
     ax = axes.pop(0)
@@ -238,6 +264,8 @@ def _plot(rows, path: Path):
         ax2.set_xlabel("drift: nll of emitted tokens minus AR's (nats/token)")
         ax2.set_ylabel("x AR (red: wall clock, green: forward passes)")
         ax2.set_title("speed-up vs drift")
+    if has_hist:
+        _histogram_panel(axes.pop(0), rows)
     if fidel:
         _fidelity_panels(axes.pop(0), axes.pop(0), fidel)
     if has_fid:

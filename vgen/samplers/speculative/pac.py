@@ -56,8 +56,8 @@ def pac_paths(window: int, width: int, depth: int) -> tuple[tuple[int, ...], ...
 
 
 class PacTables:
-    """A tree's index tables for drafting: each node's column (depth - 1) and rank, each node's first child, and the
-    main path's node at every depth."""
+    """A tree's index tables for drafting: each node's column (depth - 1) and rank, the main path's node at every
+    depth, and the node that continues a decided path at every later depth."""
 
     def __init__(self, tree: StaticTree, width: int, depth: int, device):
         paths = tree.paths
@@ -65,9 +65,19 @@ class PacTables:
         self.tree, self.width, self.depth, self.columns = tree, width, depth, tree.depth_max
         self.col = torch.tensor([len(p) - 1 for p in paths], device=device)
         self.rank = torch.tensor([p[-1] for p in paths], device=device)
-        self.first_child = torch.tensor([0] + [index.get(p + (0,), 0) for p in paths], device=device)
-        self.main = torch.tensor([0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)], device=device)
+        main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
+        self.main = torch.tensor(main, device=device)
         self.branched = min(depth, tree.depth_max)  # the columns with ``width`` candidates
+        # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
+        # descendants while they last, then the main path
+        first = [0] + [index.get(p + (0,), 0) for p in paths]
+        cont = [[0] * (tree.depth_max + 1) for _ in range(len(paths) + 1)]
+        for a, pa in enumerate([()] + list(paths)):
+            cur = a
+            for d in range(len(pa) + 1, tree.depth_max + 1):
+                cur = first[cur] or main[d]
+                cont[a][d] = cur
+        self.cont = torch.tensor(cont, device=device)  # (nodes + 1, depth_max + 1)
 
 
 def candidates(base: torch.Tensor, rank0: torch.Tensor, u: torch.Tensor, t: PacTables):
@@ -139,13 +149,9 @@ class PacTree(Chain):
         keep_u, redraw_u = ex[:, :J], ex[:, J:2 * J]
         rank_u, fresh_u = ex[:, 2 * J:2 * J + (tables.width - 1) * tables.branched], ex[:, -(J + 1):]
         # the node continuing the decided path at every depth d = 1..J (path, then rank 0, then the main path)
-        cont, cur = [], torch.zeros_like(k)
-        for d in range(1, J + 1):
-            on = d <= k
-            nxt = torch.where(tables.first_child[cur] > 0, tables.first_child[cur], tables.main[d])
-            cur = torch.where(on, path[:, d - 1], nxt)
-            cont.append(cur)
-        cont = torch.stack(cont, 1)  # (B, J)
+        end = torch.where(k > 0, path.gather(1, (k - 1).clamp_min(0)[:, None]).squeeze(1), 0)
+        d = torch.arange(1, J + 1, device=dev)
+        cont = torch.where(d <= k[:, None], path[:, :J], tables.cont[end][:, 1:])  # (B, J)
         nn = n + k + 1  # the next tree's column j sits at position nn + j = depth k + 2 + j of this tree
         ar = torch.arange(J, device=dev)
         dg = k[:, None] + 1 + ar  # depth of the node whose target is column j's distribution
