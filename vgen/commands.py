@@ -58,7 +58,7 @@ def sample(cfg: DictConfig):
     job = SampleJob(model=cfg.model.path or cfg.model.name, sampler=sampler, options=options,
                     labels=None if cfg.labels is None else list(cfg.labels), num_samples=num_samples,
                     seed=cfg.seed, batch_size=cfg.batch_size, outdir=cfg.outdir, device=cfg.device,
-                    dtype=cfg.dtype, grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
+                    dtype=cfg.dtype, quantize=cfg.quantize, quantize_group=cfg.quantize_group, grid_nrow=cfg.grid_nrow, progress=cfg.progress, prompt=cfg.prompt,
                     prompt_frames=cfg.prompt_frames, prompts=None if cfg.prompts is None else list(cfg.prompts),
                     prompt_file=cfg.prompt_file, prompt_column=cfg.prompt_column)
     from vgen.configs import record_config

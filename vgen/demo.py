@@ -55,11 +55,14 @@ def ticked(card: Card | None, fits: list[str]) -> list[str]:
 class Demo:
     """The handlers, independent of Gradio (tests call them directly). Pipelines are cached per model."""
 
-    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu", dtype=None):
+    def __init__(self, allowed_dirs: list[str] | None = None, device: str = "cpu", dtype=None,
+                 quantize: str | None = None, quantize_group: int = 32):
         from vgen import validate
         self.allowed = [Path(d).expanduser().resolve() for d in (allowed_dirs or [])]
         self.device = device
         self.dtype = validate.dtype(dtype)
+        from vgen.kernels.quant import check_mode
+        self.quantize, self.quantize_group = check_mode(quantize, quantize_group), quantize_group
         self._pipes: dict[str, object] = {}
 
     # ------------------------------------------------------------------ validation
@@ -82,7 +85,8 @@ class Demo:
     def pipeline(self, name: str):
         from vgen.pipeline import load_pipeline
         if name not in self._pipes:  # a vgen pipeline, or a transformers zoo model (photos-emu3)
-            self._pipes[name] = load_pipeline(name, device=self.device, dtype=self.dtype)
+            self._pipes[name] = load_pipeline(name, device=self.device, dtype=self.dtype, quantize=self.quantize,
+                                              quantize_group=self.quantize_group)
         return self._pipes[name]
 
     def class_names(self, name: str) -> list[str]:
@@ -401,7 +405,8 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
 
 
 def launch(cfg) -> None:
-    demo = Demo(allowed_dirs=list(cfg.allowed_dirs or []), device=cfg.device, dtype=cfg.get("dtype"))
+    demo = Demo(allowed_dirs=list(cfg.allowed_dirs or []), device=cfg.device, dtype=cfg.get("dtype"),
+                quantize=cfg.get("quantize"), quantize_group=cfg.get("quantize_group", 32))
     app = build_app(demo, cfg.model.name, cfg.model.path)
     print(f"vgen demo on http://{cfg.server_name}:{cfg.server_port} (Ctrl-C to stop)")
     # No allowed_paths: the app serves only what it generates (Gradio's cache), never the pipeline folders.

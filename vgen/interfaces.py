@@ -264,6 +264,10 @@ class SamplingPipeline(Protocol):
 
     def generate(self, *args, **kwargs): ...
 
+    def quantize(self, mode: str, group_size: int = 32) -> dict:
+        """Store the sampled transformer's weight matrices in int8 / int4 (:mod:`vgen.kernels.quant`), in place;
+        returns what changed (recorded as ``quantization`` in the stats)."""
+
 
 # ---- what a sampler needs to know about a model, from the model or from its card -------------------------------
 @dataclass(frozen=True)

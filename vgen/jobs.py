@@ -41,6 +41,8 @@ class SampleJob:
     outdir: str = "samples"
     device: str = "cpu"
     dtype: str | None = None         # the model's weights and KV cache (float32 | bfloat16 | float16); None: the card's
+    quantize: str | None = None      # int8 | int4: the transformer's weight matrices in fewer bits (vgen.kernels.quant)
+    quantize_group: int = 32         # int4's group of input channels (32, 64, 128, 256)
     grid_nrow: int = 8
     progress: bool = True
     prompt: str | None = None        # video models: a clip file (MP4 / GIF) whose first frames every sample continues
@@ -84,6 +86,8 @@ class SampleJob:
         validate.seed(self.seed, self.num_samples)
         validate.device(self.device)
         validate.dtype(self.dtype)
+        from vgen.kernels.quant import check_mode
+        check_mode(self.quantize, self.quantize_group)
         validate.outdir(self.outdir)
         if self.labels is not None and not list(self.labels):
             raise VGenError("labels is empty: give class ids, e.g. labels=[0,3], or labels=null for every class")
@@ -112,6 +116,8 @@ class SampleJob:
                    "labels": None if self.labels is None else [int(c) for c in self.labels]}
         if self.dtype is not None:  # another precision draws other samples (None: the card's, as before)
             run_key["dtype"] = str(validate.dtype(self.dtype)).removeprefix("torch.")
+        if self.quantize:  # the quantized model's distribution: other samples
+            run_key["quantize"] = self.quantize if self.quantize == "int8" else f"int4/{self.quantize_group}"
         if kind_of(conds.kind).reads_text:  # the prompts define the samples (a prompt file's text, not only its name)
             run_key["prompts"] = self.given_prompts()
         clip = self.prompt_clip(card)
@@ -122,7 +128,8 @@ class SampleJob:
         t_start = time.perf_counter()
         with vd.process_group(self.device) as (rank, world, device):
             # weights read and checked before anything is written
-            pipe = pipeline_for(card, device=device, dtype=self.dtype)
+            pipe = pipeline_for(card, device=device, dtype=self.dtype, quantize=self.quantize,
+                                quantize_group=self.quantize_group)
             with FolderLock(out):
                 todo = None
                 if rank == 0:  # one view of the folder, shared before any write; a refusal stops every rank
@@ -163,6 +170,7 @@ class SampleJob:
                     summary = {**merged_parts(out, n), **run_key, "num_samples": n, **conds.record(), "processes": world,
                                "threads": torch.get_num_threads(), "tf32": torch.backends.cuda.matmul.allow_tf32,
                                "generated_now": len(todo), "skipped": n - len(todo),
+                               **({"quantization": pipe.quantization} if self.quantize else {}),
                                "wall_seconds": time.perf_counter() - t_start}
                     if video:  # one row of frames per clip
                         files = [out / f"{i:06d}.strip.png" for i in range(min(n, GRID_MAX_VIDEOS))]

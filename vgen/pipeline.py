@@ -131,6 +131,16 @@ class Pipeline:
             text = TextEncoder.load(card.text_encoder_path, model.cond_len, device=device)
         return cls(model, tok, card, text)
 
+    def quantize(self, mode: str, group_size: int = 32) -> dict:
+        """The model's linear layers in int8 / int4 weights (:func:`vgen.kernels.quant.quantize_linears`; the model
+        class's ``quantize_skip`` names children kept in float, such as a diffusion head); the tokenizer and the text
+        encoder stay as they are. Returns ``{"mode", "group_size", "quantized", "kept", "weight_bytes"}``, kept in
+        ``self.quantization`` and recorded in the stats of every job run with it."""
+        from vgen.kernels.quant import quantize_linears
+        info = quantize_linears(self.model, mode, group_size, skip=tuple(getattr(self.model, "quantize_skip", ())))
+        self.quantization = {"mode": mode, "group_size": group_size if mode == "int4" else None, **info}
+        return self.quantization
+
     @property
     def num_classes(self) -> int:
         return self.model.num_classes
@@ -303,25 +313,39 @@ def load_card(name) -> Card:
     return Card.load(name)
 
 
-def pipeline_for(card: Card, device="cpu", dtype=None):
-    """The pipeline a card from :func:`load_card` describes: a vgen :class:`Pipeline`, or a registered kind's."""
+def _quantized(pipe, quantize, group_size: int):
+    if quantize is not None:
+        pipe.quantize(quantize, group_size)
+    return pipe
+
+
+def pipeline_for(card: Card, device="cpu", dtype=None, quantize: str | None = None, quantize_group: int = 32):
+    """The pipeline a card from :func:`load_card` describes: a vgen :class:`Pipeline`, or a registered kind's;
+    ``quantize`` as :func:`load_pipeline`'s."""
+    from vgen.kernels.quant import check_mode
+    quantize = check_mode(quantize, quantize_group)  # before any weights load
     for accepts, load, make_card in loaders():
         if make_card is not None and card.external and accepts(card.model_file):
-            return load(card.model_file, device=device, dtype=dtype)
-    return Pipeline.from_card(card, device=device, dtype=dtype)
+            return _quantized(load(card.model_file, device=device, dtype=dtype), quantize, quantize_group)
+    return _quantized(Pipeline.from_card(card, device=device, dtype=dtype), quantize, quantize_group)
 
 
-def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, **options):
+def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, quantize: str | None = None,
+                  quantize_group: int = 32, **options):
     """A zoo pipeline by name (``vgen.list_models()``) or a folder holding ``pipeline.json``, on ``device``, its
-    model in ``dtype`` (None: as stored). A transformers image generator (Janus, Emu3, Lumina-mGPT, Anole: a
-    save_pretrained folder, or ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes options
-    ``height``, ``width``, ``negative_prompt``."""
+    model in ``dtype`` (None: as stored). ``quantize="int8" | "int4"`` stores the sampled transformer's weight
+    matrices in fewer bits (weight-only: activations, the KV cache and the logits keep ``dtype``; int4 in groups of
+    ``quantize_group`` inputs; :mod:`vgen.kernels.quant`). A transformers image generator (Janus, Emu3, Lumina-mGPT,
+    Anole: a save_pretrained folder, or ``hf://owner/repo`` in the local cache; :mod:`vgen.hf_pipeline`) takes
+    options ``height``, ``width``, ``negative_prompt``."""
+    from vgen.kernels.quant import check_mode
+    quantize = check_mode(quantize, quantize_group)  # before any weights load
     for accepts, load, _ in loaders():
         if accepts(name):
-            return load(name, device=device, dtype=dtype, **options)
+            return _quantized(load(name, device=device, dtype=dtype, **options), quantize, quantize_group)
     if options:
         raise VGenError(f"unknown option(s) {sorted(options)} for a vgen pipeline (they are for hf:// models)")
-    return Pipeline.from_pretrained(name, device=device, dtype=dtype)
+    return _quantized(Pipeline.from_pretrained(name, device=device, dtype=dtype), quantize, quantize_group)
 
 
 LLAMAGEN_T2I = {  # stage -> (GPT file, tokens per side, pixels per side); FoundationVision/LlamaGen's releases

@@ -52,7 +52,88 @@ def small_jobs(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
-RENDERERS = {"small-jobs": small_jobs}
+def _ratio(r: dict) -> str:
+    paired = r.get("speedup_vs_ar_paired")
+    if paired:
+        return f"{paired:.2f} ({r['speedup_vs_ar_ci95'][0]:.2f}-{r['speedup_vs_ar_ci95'][1]:.2f})"
+    return f"{r['speedup_vs_ar']:.2f}" if r.get("speedup_vs_ar") is not None else ""
+
+
+def speculative(reps: list[dict]) -> str:
+    """Every cell of a sampler comparison: tokens per pass, the share of passes that decided one token, the width
+    window=auto chose, ms per token and the paired speed-up against AR in the same mode."""
+    lines = []
+    for rep in reps:
+        c = rep["config"]
+        lines += [f"{', '.join(map(str, c['models']))}, {c['num_samples']} images per cell, {c['repeats']} paired rounds "
+                  f"({machine(rep)}):", "",
+                  "| model | sampler | mode | batch | width | tokens / pass | one-token passes | ms / token | "
+                  "x AR (paired, 95% interval) |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rep["rows"], key=lambda r: (r["model"], ":compile=false" not in r["sampler"],
+                                                    r["batch_size"])):
+            name, _, opts = r["sampler"].partition(":")
+            mode = "eager" if "compile=false" in opts or not c.get("compile", True) else "compiled"
+            width = "" if name == "ar" else "AR's loop" if r.get("window") == 1 else str(r.get("window", ""))
+            share = f"{r['single_token_share']:.0%}" if r.get("single_token_share") is not None else ""
+            lines.append(f"| {r['model']} | `{name}` | {mode} | {r['batch_size']} | {width} | "
+                         f"{r['accepted_per_step']:.2f} | {share} | {r['ms_per_token']:.2f} | {_ratio(r)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def quantized(reps: list[dict]) -> str:
+    """Weight formats side by side: the zoo rows (model@format) and the released-shape cells (hf_quantize)."""
+    lines = []
+    for rep in reps:
+        c = rep["config"]
+        lines += [f"The zoo ({c['num_samples']} images per cell, {c['repeats']} rounds; {machine(rep)}):", "",
+                  "| model | weights | sampler | batch | ms / token | x float32 | tokens / pass |",
+                  "|---|---|---|---|---|---|---|"]
+        rows = rep["rows"]
+        base = {(r["model"], r["sampler"], r["batch_size"]): r["ms_per_token"] for r in rows if "@" not in r["model"]}
+        for r in sorted(rows, key=lambda r: (r["sampler"], r["batch_size"], r["model"])):
+            model, _, fmt = r["model"].partition("@")
+            f = base.get((model, r["sampler"], r["batch_size"]))
+            lines.append(f"| {model} | {fmt or 'float32'} | `{r['sampler'].partition(':')[0]}` | {r['batch_size']} | "
+                         f"{r['ms_per_token']:.2f} | {f / r['ms_per_token'] if f else 0:.2f} | "
+                         f"{r['accepted_per_step']:.2f} |")
+        for name, e in (rep.get("transformers") or {}).get("models", {}).items():
+            q = e.get("quantized") or {}
+            if not q:
+                continue
+            lines += ["", f"{name}'s released shape (random weights, {e['params_m']:.0f}M parameters, float32 "
+                          f"activations, guidance 5, {e['grid'][0]} x {e['grid'][1]} tokens; vgen's ar):", "",
+                      "| weights | weight MB | batch | seconds per image | x float32 | peak RSS MB |",
+                      "|---|---|---|---|---|---|"]
+            for b, t in e["batch"].items():
+                lines.append(f"| float32 | {e['float_weight_mb']:.0f} | {b} | {t['vgen']['seconds_per_image']:.2f} | "
+                             f"1.00 | {t['vgen']['peak_rss_mb']:.0f} |")
+            for mode, row in q.items():
+                for b, t in row["batch"].items():
+                    lines.append(f"| {mode} | {row['weight_bytes'] / 2 ** 20:.0f} | {b} | {t['seconds_per_image']:.2f} "
+                                 f"| {t['speedup_vs_float']:.2f} | {t['peak_rss_mb']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def quant_kernels(reps: list[dict]) -> str:
+    """One linear layer per weight format (docs/scripts/quant_kernels.py): ms per call and x float32's F.linear."""
+    lines = []
+    for rep in reps:
+        m = rep["machine"]
+        lines += [f"{m.get('cpu') or m.get('processor')}, {rep['threads']} threads, torch {rep['torch']}, torchao "
+                  f"{rep.get('torchao') or 'absent'}; ms per call (x float32 `F.linear`):", ""]
+        fmts = list(rep["rows"][0]["ms"])
+        lines += ["| layer | rows | " + " | ".join(fmts) + " |", "|---|---|" + "---|" * len(fmts)]
+        for r in rep["rows"]:
+            lines.append(f"| {r['layer']} | {r['rows']} | " + " | ".join(
+                f"{r['ms'][f]:.1f} ({r['x_float32'][f]:.2f}x)" for f in fmts) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+RENDERERS = {"small-jobs": small_jobs, "speculative": speculative, "quantized": quantized,
+             "quant-kernels": quant_kernels}
 
 
 def render(name: str, files: list[str]) -> str:

@@ -109,6 +109,8 @@ class SampleSchema:
     outdir: str = writes("samples", "dir")
     device: str = "cpu"
     dtype: Optional[str] = None  # the model's weights and KV cache: float32 | bfloat16 | float16; null: the card's
+    quantize: Optional[str] = None  # int8 | int4: the transformer's weight matrices in fewer bits (weight-only)
+    quantize_group: int = at_least(32, 1)  # int4: inputs per scale and offset (32, 64, 128, 256)
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
     tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
     grid_nrow: int = at_least(8, 1)
@@ -136,6 +138,8 @@ class BenchSchema:
     outdir: str = writes("bench", "dir")
     device: str = "cpu"
     dtype: Optional[str] = None  # every model's weights and KV cache (float32 | bfloat16 | float16); null: the card's
+    quantize: Optional[str] = None  # int8 | int4: the transformer's weight matrices in fewer bits (weight-only)
+    quantize_group: int = at_least(32, 1)  # int4: inputs per scale and offset (32, 64, 128, 256)
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
     tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
     options: dict = field(default_factory=dict)
@@ -156,6 +160,7 @@ class BenchSchema:
     hf_repeats: int = at_least(1, 1)  # timed runs per cell (after a warm-up when hf_warmup)
     hf_warmup: bool = False
     hf_dtype: Optional[str] = None  # null: bfloat16 on CUDA, float32 elsewhere
+    hf_quantize: list[str] = field(default_factory=list)  # also time vgen's ar with these weights (int8, int4)
     hf_grid: Optional[int] = at_least(None, 1)  # tokens per side instead of each shape's grid (Emu3's 90 x 90: slow)
     hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
     hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
@@ -200,6 +205,8 @@ class DemoSchema:
     allowed_dirs: list[str] = field(default_factory=list)
     device: str = "cpu"
     dtype: Optional[str] = None  # the models' weights and KV cache (float32 | bfloat16 | float16); null: the card's
+    quantize: Optional[str] = None  # int8 | int4: the transformer's weight matrices in fewer bits (weight-only)
+    quantize_group: int = at_least(32, 1)  # int4: inputs per scale and offset (32, 64, 128, 256)
     threads: Optional[int] = at_least(None, 1)  # intra-op CPU threads; null: this process's share of the cores
     tf32: bool = True  # CUDA: float32 matmuls in TF32, as LlamaGen's sampling scripts (vgen.kernels.precision)
 

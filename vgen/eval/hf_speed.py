@@ -74,6 +74,10 @@ def check(cfg) -> list[str]:
     grid = cfg.get("hf_grid")
     if grid is not None and (isinstance(grid, bool) or not isinstance(grid, int) or grid < 1):
         raise VGenError(f"hf_grid must be a whole number of tokens per side >= 1 (or null), got {grid!r}")
+    from vgen.kernels.quant import check_mode
+    for mode in cfg.get("hf_quantize") or []:
+        if check_mode(str(mode), int(cfg.get("quantize_group", 32))) is None:
+            raise VGenError("hf_quantize lists weight formats to time beside float: int8, int4")
     unknown = [s for s in chosen if s not in names()]
     if unknown:
         raise VGenError(f"unknown transformers shapes {unknown}: choose from {', '.join(names())}")
@@ -153,6 +157,25 @@ def time_pair(m, model, ids, cfg: float, kw: dict, batch: int, repeats: int, war
     return out
 
 
+@torch.inference_mode()
+def time_vgen(model, ids, cfg: float, batch: int, repeats: int, warmup: bool = True) -> dict:
+    """Seconds per image of vgen's ar alone at ``batch`` (a quantized copy: ``hf_quantize``)."""
+    from vgen.eval.bench import RssPeak
+    from vgen.samplers import sample
+    x = ids.expand(batch, -1).contiguous()
+    secs = []
+    with RssPeak() as peak:
+        for r in range(repeats + int(warmup)):
+            _sync(ids.device)
+            t0 = time.perf_counter()
+            sample(model, x, "ar", seed=0, cfg_scale=cfg)
+            _sync(ids.device)
+            if r >= int(warmup):
+                secs.append(time.perf_counter() - t0)
+    return {"seconds_per_image": statistics.median(secs) / batch, "peak_rss_mb": peak.peak,
+            "peak_cuda_mb": peak.cuda_peak}
+
+
 def run(cfg) -> dict:
     from tqdm.auto import tqdm
 
@@ -167,12 +190,27 @@ def run(cfg) -> dict:
         grid = cfg.get("hf_grid")
         m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
         s = {**shape(name), **({"grid": (int(grid), int(grid))} if grid else {})}
+        from vgen.kernels.quant import weight_bytes
         result["models"][name] = {
             "params_m": sum(p.numel() for p in m.parameters()) / 1e6, "grid": list(s["grid"]),
+            "float_weight_mb": weight_bytes(m) / 2 ** 20,
             "batch": {str(b): time_pair(m, model, ids, cfg_scale, kw, int(b), repeats,
                                                   bool(cfg.get("hf_warmup", True)))
                       for b in (cfg.get("hf_batch_sizes") or [1, 8])}}
         del m, model
+        for mode in cfg.get("hf_quantize") or []:  # the same random weights (seeded), the decoder's layers quantized
+            from vgen.kernels.quant import quantize_linears, weight_bytes
+            m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
+            full = weight_bytes(m)
+            info = quantize_linears(model.family.decoder, str(mode), int(cfg.get("quantize_group", 32)))
+            row = result["models"][name].setdefault("quantized", {})[str(mode)] = {
+                **info, "float_weight_bytes": full, "weight_bytes": weight_bytes(m), "batch": {}}
+            for b in (cfg.get("hf_batch_sizes") or [1, 8]):
+                t = time_vgen(model, ids, cfg_scale, int(b), repeats, bool(cfg.get("hf_warmup", True)))
+                t["speedup_vs_float"] = (result["models"][name]["batch"][str(b)]["vgen"]["seconds_per_image"]
+                                         / t["seconds_per_image"])
+                row["batch"][str(b)] = t
+            del m, model
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return result
@@ -286,4 +324,16 @@ def markdown(result: dict) -> str:
     lines += [f"| {n} ({e['params_m']:.0f}M) | {e['grid'][0]}x{e['grid'][1]} | " + " | ".join(
         f"{e['batch'][b]['transformers']['seconds_per_image']:.2f} / {e['batch'][b]['vgen']['seconds_per_image']:.2f}"
         f" ({e['batch'][b]['speedup']:.2f}x)" for b in batches) + " |" for n, e in rows]
+    quant = [(n, mode, q) for n, e in rows for mode, q in (e.get("quantized") or {}).items()]
+    if quant:
+        lines += ["", "| model | weights | weight MB | " + " | ".join(
+            f"batch {b}: vgen s per image (x float), peak RSS MB" for b in batches) + " |",
+            "|---|---|---|" + "---|" * len(batches)]
+        for n, e in rows:
+            lines.append(f"| {n} | float | {e.get('float_weight_mb', 0) or 0:.0f} | " + " | ".join(
+                f"{e['batch'][b]['vgen']['seconds_per_image']:.2f} (1.00x), {e['batch'][b]['vgen']['peak_rss_mb']:.0f}"
+                for b in batches) + " |")
+        lines += [f"| {n} | {mode} | {q['weight_bytes'] / 2 ** 20:.0f} | " + " | ".join(
+            f"{q['batch'][b]['seconds_per_image']:.2f} ({q['batch'][b]['speedup_vs_float']:.2f}x), "
+            f"{q['batch'][b]['peak_rss_mb']:.0f}" for b in batches if b in q["batch"]) + " |" for n, mode, q in quant]
     return "\n".join(lines)

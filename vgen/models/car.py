@@ -33,6 +33,8 @@ class CARConfig(GPTConfig):
 class CAR(HeadSampling, GPT):
     """A :class:`vgen.interfaces.ContinuousNextTokenModel`."""
     order = Order.CONTINUOUS_NEXT_TOKEN
+    quantize_skip = ("diffloss", "tok_embeddings")  # quantize=: the diffusion head and the token projection stay in
+    #                                                  float (their weights' dtype and device are read)
 
     def __init__(self, config: CARConfig | None = None, **kwargs):
         super().__init__(config or CARConfig(**kwargs))

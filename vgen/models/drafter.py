@@ -214,7 +214,7 @@ class InferenceHead:
         # the target's output head (final norm, then the product) where it is GPT's own: its very weights (a copy
         # would be one more megabyte streamed per pass beside the target's), its norm's gain applied by the norm
         plain = type(target).head is GPT.head and isinstance(target.norm, RMSNorm) and target.output.bias is None \
-            if isinstance(target, GPT) else False
+            and isinstance(target.output, nn.Linear) if isinstance(target, GPT) else False  # (not a quantized head)
         self.head = (target.norm.eps, target.norm.weight.detach(), target.output.weight.detach()) if plain else None
 
     @property

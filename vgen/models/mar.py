@@ -83,6 +83,7 @@ class MARConfig:
 class MAR(HeadSampling, nn.Module):
     """A :class:`vgen.interfaces.MaskedModel`."""
     order = Order.MASKED
+    quantize_skip = ("diffloss",)  # quantize=: the diffusion head stays in float (it reads its weights' dtype)
 
     def __init__(self, config: MARConfig | None = None, **kwargs):
         super().__init__()
@@ -166,7 +167,7 @@ class MAR(HeadSampling, nn.Module):
 
     def conditions(self, tokens: torch.Tensor, mask: torch.Tensor, cond: torch.Tensor,
                    unknown: int | None = None) -> torch.Tensor:
-        return self.enc_dec(tokens.to(self.z_proj.weight.dtype), mask, self.class_embedding(cond), unknown)
+        return self.enc_dec(tokens.to(self.class_emb.weight.dtype), mask, self.class_embedding(cond), unknown)
 
     # ---- encoder / decoder ----
     def _run(self, blocks: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,8 @@ class SelfAttention(nn.Module):
     def forward(self, x, attn_bias=None, cache: StagedKVCache | None = None, layer: int = 0):
         B, L, C = x.shape
         bias = torch.cat([self.q_bias, self.zero_k_bias, self.v_bias])
-        q, k, v = F.linear(x, self.mat_qkv.weight, bias).view(B, L, 3, self.num_heads, self.head_dim) \
+        qkv = F.linear(x, self.mat_qkv.weight, bias) if isinstance(self.mat_qkv, nn.Linear) else self.mat_qkv(x) + bias
+        q, k, v = qkv.view(B, L, 3, self.num_heads, self.head_dim) \
             .permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, L, D)
         if self.l2:
             q = F.normalize(q, dim=-1) * self.scale_mul_1H11.clamp_max(self.max_scale_mul).exp()
@@ -228,7 +229,7 @@ class VAR(nn.Module):
 
     def start_fhat(self, batch_size: int) -> torch.Tensor:
         p = self.patch_nums[-1]
-        return self.head.weight.new_zeros(batch_size, self.config.Cvae, p, p)
+        return self.class_emb.weight.new_zeros(batch_size, self.config.Cvae, p, p)
 
     def next_scale_input(self, si: int, f_hat: torch.Tensor, idx: torch.Tensor):
         return self._quantizer().next_input(si, f_hat, idx)

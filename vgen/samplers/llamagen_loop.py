@@ -128,6 +128,10 @@ class LlamaGenLoop(Sampler):
     conditionings = ("class", "text")  # LlamaGen's class / caption GPTs; prompt-token models have their own loops
 
     def _sample(self, model, cond, seeds, progress, codebook=None):
+        from vgen.errors import VGenError
+        if not isinstance(model.layers[0].attention.wqkv, torch.nn.Linear):
+            raise VGenError("sampler=llamagen-loop is the official loop over float linear layers: it takes no quantized "
+                            "model (quantize=int8 / int4); use sampler=ar")
         o = self.options
         torch.manual_seed(seeds[0])
         t0 = time.perf_counter()

@@ -121,7 +121,7 @@ class VARSampler(Sampler):
 def _full_cache_bytes(model, rows: int) -> int:
     """Peak bytes of the uncompressed cache for the same batch (all scales' keys and values, every layer)."""
     c = model.config
-    el = model.head.weight.element_size()
+    el = model.class_emb.weight.element_size()  # the model's dtype (its head may be quantized)
     return 2 * c.depth * rows * model.seq_len * c.embed_dim * el
 
 

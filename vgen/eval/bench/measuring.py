@@ -61,7 +61,10 @@ def run(p: Plan) -> tuple[dict, dict]:
     from vgen.pipeline import pipeline_for
     from vgen.samplers.speculative.widths import time_any_job
     cfg = p.cfg
-    pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype")) for m in cfg.models}
+    from vgen.eval.bench.planning import model_quantize
+    pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype"),
+                             quantize=model_quantize(m, cfg.get("quantize")),
+                             quantize_group=cfg.get("quantize_group", 32)) for m in cfg.models}
 
     def run_cell(m, v, b, n):
         """n images (the card's examples in turn: labels i % classes, or its example prompts; seeds seed + i), at

@@ -53,6 +53,19 @@ class Plan:
         return name, {**common, **own}
 
 
+def model_name(entry: str) -> str:
+    """A bench ``models`` entry without its weight format: ``photos-gpt@int8`` -> ``photos-gpt``."""
+    return str(entry).rpartition("@")[0] if "@" in str(entry) else str(entry)
+
+
+def model_quantize(entry: str, default: str | None) -> str | None:
+    """A ``models`` entry's weight format (``@int8``, ``@int4``; ``@float``: none), else ``default`` (``quantize``)."""
+    if "@" not in str(entry):
+        return default
+    mode = str(entry).rpartition("@")[2]
+    return None if mode == "float" else mode
+
+
 def plan(cfg) -> Plan:
     """Validate the bench config and every sampler setting against every model card (one-line errors)."""
     from vgen.pipeline import load_card, resolve_sampler
@@ -70,6 +83,8 @@ def plan(cfg) -> Plan:
         raise VGenError(f"repeats must be >= 1, got {cfg.repeats}")
     from vgen import threads, validate
     validate.dtype(cfg.get("dtype"))
+    from vgen.kernels.quant import check_mode
+    check_mode(cfg.get("quantize"), cfg.get("quantize_group", 32))
     threads.check(cfg.get("threads"))
     if cfg.num_samples < 1:
         raise VGenError(f"num_samples must be >= 1, got {cfg.num_samples}")
@@ -95,9 +110,15 @@ def plan(cfg) -> Plan:
     if cfg.get("fidelity_samples", 0) < 0:
         raise VGenError(f"fidelity_samples must be >= 0, got {cfg.fidelity_samples}")
     settings = {v: parse_variant(v) for v in variants}
+    if cfg.baseline and (cfg.get("quantize") or any(model_quantize(m, None) for m in cfg.models)):
+        raise VGenError(f"baseline=true times the official loop ({BASELINE}), which runs float linear layers and takes "
+                        "no quantized model: set baseline=false")
     if cfg.baseline:
         settings = {BASELINE: (BASELINE, {}), **settings}
-    p = Plan(cfg, {m: load_card(m) for m in cfg.models}, settings, [], opts_all, cfg.get("fidelity_reference"))
+    for m in cfg.models:  # "photos-gpt@int8": that model with int8 weights, side by side with the float one
+        check_mode(model_quantize(m, None), cfg.get("quantize_group", 32))
+    p = Plan(cfg, {m: load_card(model_name(m)) for m in cfg.models}, settings, [], opts_all,
+             cfg.get("fidelity_reference"))
     if p.fidelity_reference is not None and str(p.fidelity_reference) not in variants:
         raise VGenError(f"fidelity_reference {p.fidelity_reference!r} must be one of the sampler settings {variants}")
     for v in variants:  # unknown samplers / options -> clear error before loading anything

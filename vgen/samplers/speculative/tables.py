@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from vgen.kernels.quant import Int4Linear, Int8Linear
 from vgen.samplers.base import example_cond
 from vgen.samplers.speculative.step import SlotState, StepConfig
 
@@ -36,10 +37,14 @@ def width_table(file: str, ident: list):
     return path, table, name, known
 
 
+QUANTIZED = (Int8Linear, Int4Linear)
+
+
 def fingerprint(model, values: int = 64) -> str:
     """A digest of a model's weights cheap enough for every call: each parameter's name, shape and dtype and
     ``values`` of its entries at a fixed stride. Tables that depend on the weights (acceptance, timed runs) are keyed by
-    it, so a model retrained in the same architecture gets its own (the architecture alone named the entry before)."""
+    it, so a model retrained in the same architecture gets its own (the architecture alone named the entry before),
+    and so does each quantization of a model (its int8 / int4 layers' codes)."""
     import hashlib
     h = hashlib.sha256()
     with torch.no_grad():
@@ -48,6 +53,11 @@ def fingerprint(model, values: int = 64) -> str:
             step = max(1, flat.numel() // values)
             h.update(f"{n}{tuple(p.shape)}{p.dtype}".encode())
             h.update(flat[::step][:values].float().cpu().numpy().tobytes())
+        for n, m in model.named_modules():  # quantized layers (vgen.kernels.quant) keep their weights as buffers
+            if isinstance(m, QUANTIZED):
+                flat = m.qweight.reshape(-1)
+                h.update(f"{n}{m.extra_repr()}".encode())
+                h.update(flat[::max(1, flat.numel() // values)][:values].cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -1,0 +1,154 @@
+"""Weight-only int8 / int4 models (quantize=, vgen.kernels.quant): the layers' arithmetic, exactness of speculative
+samplers with respect to the quantized model (enumerated joint, with power), pipelines, stats and refusals."""
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+from exact import chi2_p, counts_of, exact_joint, toward
+
+from vgen.errors import VGenError
+from vgen.kernels.linear import Linear
+from vgen.kernels.quant import Int4Linear, Int8Linear, check_mode, quantize_linears, weight_bytes
+from vgen.samplers import sample
+
+OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
+N = 10_000
+
+
+def test_int8_layer_is_its_dequantized_weight_within_half_a_step():
+    """Per output channel: every weight within half its scale of the stored value; the kernel's product equals the
+    product with the dequantized weight (the CPU kernel and the portable float64 path agree)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 48)
+    q = Int8Linear(lin)
+    w, deq = lin.weight.detach(), q.dequantized()
+    assert q.qweight.dtype == torch.int8 and q.qweight.abs().max() <= 127
+    assert ((w - deq).abs() <= q.scale[:, None] / 2 + 1e-7).all()
+    x = torch.randn(2, 5, 96)
+    y = q(x)
+    assert y.shape == (2, 5, 48)
+    torch.testing.assert_close(y, x @ deq.t() + lin.bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(q(x.double()).float(), y, rtol=1e-5, atol=1e-5)  # the portable path
+    assert (y - lin(x)).abs().max() > 0  # it is another model
+
+
+@pytest.mark.parametrize("group", [32, 64])
+def test_int4_layer_both_layouts_give_the_same_codes_and_products(group):
+    """Per group of inputs: codes 0..15, each weight within half a step of (q - 8) * s + z; the CPU kernel's packed
+    layout and the portable two-codes-a-byte layout hold the same codes and give the same product."""
+    torch.manual_seed(1)
+    lin = nn.Linear(128, 32, bias=False)
+    a, b = Int4Linear(lin, group), Int4Linear(lin, group, cpu_kernel=False)
+    assert a.cpu_kernel and not b.cpu_kernel and b.qweight.shape == (32, 64)
+    assert torch.equal(a.codes(), b.codes()) and int(a.codes().min()) >= 0 and int(a.codes().max()) <= 15
+    w = lin.weight.detach()
+    step = a.scale_zero[..., 0].t().repeat_interleave(group, 1)  # (N, K): each weight's group scale
+    assert ((w - a.dequantized()).abs() <= step / 2 + 1e-6).all()
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(a(x), b(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(a(x), x @ a.dequantized().t(), rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_linears_replaces_what_it_can_and_says_what_it_kept():
+    m = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), Linear(32, 48), nn.Linear(48, 8), nn.Sequential(nn.Linear(64, 64)))
+    before = weight_bytes(m)
+    info = quantize_linears(m, "int4", 32, skip=("4",))
+    # 64 -> 32 and vgen's Linear 32 -> 48 are packed; 48 inputs are not whole groups of 32; "4" is skipped
+    assert info["quantized"] == 2 and info["kept"] == 1 and type(m[3]) is nn.Linear and type(m[4][0]) is nn.Linear
+    assert isinstance(m[0], Int4Linear) and isinstance(m[2], Int4Linear) and info["weight_bytes"] < before
+    m8 = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8))
+    assert quantize_linears(m8, "int8") == {"quantized": 2, "kept": 0, "weight_bytes": weight_bytes(m8)}
+
+
+def test_bad_modes_are_one_line_errors():
+    assert check_mode(None) is None and check_mode("int8") == "int8"
+    with pytest.raises(VGenError, match="quantize='int3' is not a weight format; use one of int8, int4"):
+        check_mode("int3")
+    with pytest.raises(VGenError, match="quantize_group=48 is not a group size the int4 kernel takes"):
+        check_mode("int4", 48)
+
+
+@pytest.mark.parametrize("mode,sampler,extra", [
+    pytest.param("int8", "sjd", dict(window=3), marks=pytest.mark.slow),
+    ("int4", "pac", dict(window=3, tree_width=2, tree_depth=1))])
+def test_speculative_samplers_are_exact_for_the_quantized_model(micro_gpt, mode, sampler, extra):
+    """The law is the quantized model's: 10k batched samples of a speculative sampler on the int8 / int4 micro model
+    follow its enumerated joint, and reject both its unguided joint and one a tenth of the way there (power)."""
+    m = copy.deepcopy(micro_gpt)
+    info = quantize_linears(m, mode, 32)
+    assert info["quantized"] >= 8  # every block's layers (int4 keeps the 4-way head: outputs not a multiple of 16)
+    _, joint = exact_joint(m, 1, 2.0, top_k=3, temperature=0.9)
+    _, unguided = exact_joint(m, 1, 1.0, top_k=3, temperature=0.9)
+    _, float_joint = exact_joint(micro_gpt, 1, 2.0, top_k=3, temperature=0.9)
+    joint, unguided = joint.numpy(), unguided.numpy()
+    assert 0 < 0.5 * abs(joint - float_joint.numpy()).sum()  # another model, whose law is sampled
+    tokens, st = sample(m, [1] * N, sampler, seed=0, **extra, **OPTS)
+    counts = counts_of(tokens, 4)
+    assert chi2_p(counts, joint) > 1e-3
+    assert chi2_p(counts, unguided) < 1e-6 and chi2_p(counts, toward(joint, unguided)) < 1e-6
+    assert counts[joint == 0].sum() == 0 and st["accepted_per_step"] > 1.0
+
+
+def test_a_quantized_model_samples_the_same_bytes_in_any_batching(tiny_gpt):
+    """Per-sample seeds hold with int8 / int4 weights: batch 4 and batch 1 give the same tokens."""
+    for mode in ("int8", "int4"):
+        m = copy.deepcopy(tiny_gpt)
+        quantize_linears(m, mode, 32)
+        a, _ = sample(m, [0, 1, 2, 3], "sjd", seed=3, window=3, batch_size=4, cfg_scale=2.0, top_k=8)
+        b, _ = sample(m, [0, 1, 2, 3], "sjd", seed=3, window=3, batch_size=1, cfg_scale=2.0, top_k=8)
+        assert torch.equal(a, b), mode
+
+
+def test_pipeline_and_cli_record_the_quantization(tiny_pipeline, tmp_path):
+    """load_pipeline(quantize=) and `vgen sample quantize=`: the model's layers replaced, the weight bytes down, the
+    stats say so; samples of another quantization are refused in the same folder; bad values stop before loading."""
+    import vgen
+    from vgen.cli import main
+    pipe = vgen.load_pipeline(str(tiny_pipeline), quantize="int8")
+    full = vgen.load_pipeline(str(tiny_pipeline))
+    q = pipe.quantization
+    assert q["mode"] == "int8" and q["quantized"] == 2 * 5 + 1 and q["kept"] == 0
+    assert isinstance(pipe.model.output, Int8Linear) and q["weight_bytes"] < weight_bytes(full.model)
+    out = tmp_path / "s"
+    main(["sample", f"model.path={tiny_pipeline}", "quantize=int4", "num_samples=2", f"outdir={out}", "progress=false"])
+    st = json.loads((out / "stats.json").read_text())
+    assert st["quantize"] == "int4/32" and st["quantization"]["mode"] == "int4" and st["quantization"]["quantized"] > 0
+    with pytest.raises(SystemExit) as e:  # other samples: the folder holds int4's
+        main(["sample", f"model.path={tiny_pipeline}", "quantize=int8", "num_samples=2", f"outdir={out}",
+              "progress=false"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["sample", f"model.path={tiny_pipeline}", "quantize=int3", f"outdir={tmp_path / 'bad'}"])
+    assert e.value.code == 2 and not (tmp_path / "bad").exists()
+    with pytest.raises(VGenError, match="takes no quantized model"):
+        pipe.generate(labels=[0], sampler="llamagen-loop", seed=0)
+
+
+@pytest.mark.slow
+def test_quantized_models_compile(tiny_gpt):
+    """compile=true composes with int8 / int4 weights: the compiled step gives the eager tokens."""
+    for mode in ("int8", "int4"):
+        m = copy.deepcopy(tiny_gpt)
+        quantize_linears(m, mode, 32)
+        eager, _ = sample(m, [0, 1], "ar", seed=5, cfg_scale=2.0, top_k=8, compile=False)
+        compiled, st = sample(m, [0, 1], "ar", seed=5, cfg_scale=2.0, top_k=8, compile=True)
+        assert torch.equal(eager, compiled), mode
+
+
+@pytest.mark.slow
+def test_bench_times_weight_formats_side_by_side(tmp_path, monkeypatch):
+    """`vgen bench 'models=[photos-gpt,photos-gpt@int8,photos-gpt@int4]'`: one row per format in one run, each
+    pipeline quantized as named; baseline=true with a quantized entry is refused before loading."""
+    from vgen.cli import main
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "b"
+    main(["bench", "models=[photos-gpt,photos-gpt@int8,photos-gpt@int4]", "samplers=[ar]", "batch_sizes=[1]",
+          "num_samples=1", "repeats=1", "warmup=false", "compile=false", "baseline=false", f"outdir={out}"])
+    rep = json.loads((out / "bench.json").read_text())
+    assert {r["model"] for r in rep["rows"]} == {"photos-gpt", "photos-gpt@int8", "photos-gpt@int4"}
+    assert all(r["forward_passes"] > 0 and r["ms_per_token"] > 0 for r in rep["rows"])
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "models=[photos-gpt@int8]", "samplers=[ar]", "baseline=true", f"outdir={tmp_path / 'c'}"])
+    assert e.value.code == 2 and not (tmp_path / "c").exists()

@@ -1,0 +1,157 @@
+"""Weight-only int8 / int4 linear layers: fewer bytes per weight for decoding that is bound by reading them.
+
+``quantize_linears(module, "int8" | "int4")`` replaces the ``nn.Linear`` layers of a module in place (activations,
+biases, the KV cache and the logits keep their dtype; only the weight matrices are stored in fewer bits):
+
+* **int8**: one scale per output channel, symmetric (``w ~ q * s``, q in -127..127). On the CPU the product runs on
+  PyTorch's fused kernel ``torch._weight_int8pack_mm`` (it reads the int8 matrix, never a float copy); elsewhere as
+  ``(x @ q.T) * s``, which ``torch.compile`` fuses into one kernel (gpt-fast's formulation).
+* **int4**: one scale and offset per group of ``group_size`` input channels, asymmetric (tinygemm's layout:
+  ``w ~ (q - 8) * s + z``, q in 0..15). On the CPU the product runs on ``torch._weight_int4pack_mm_for_cpu``
+  (weights packed once by ``torch._convert_weight_to_int4pack_for_cpu``); elsewhere the two-per-byte codes are
+  unpacked and dequantized inside the call (compiled, that fuses too).
+
+These are the same aten kernels torchao's CPU layouts dispatch to; torchao's own ``Int8WeightOnlyConfig`` (0.18)
+casts the whole int8 matrix to float in every eager call, which reads more bytes than float32 does (the comparison is
+in docs/lab/benchmarks-log.md, "int8 / int4 weights"). An int4 layer whose input width the group size does not
+divide, or whose outputs are not a multiple of 16, stays in float (``quantize_linears`` returns how many layers it
+changed and kept).
+
+The distribution a sampler draws from is the quantized model's: speculative samplers stay exact with respect to it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vgen.errors import VGenError
+from vgen.kernels.linear import Linear
+
+LINEARS = (nn.Linear, Linear)  # the layers replaced (exactly these types: a subclass may read its own weight)
+
+MODES = ("int8", "int4")
+INT4_GROUPS = (32, 64, 128, 256)  # what the CPU kernel takes
+
+
+def check_mode(mode: str | None, group_size: int = 32) -> str | None:
+    """None or a known mode, and a group size int4's kernel takes (one-line errors, before any weights load)."""
+    if mode in (None, "", "none", "null", False):
+        return None
+    if mode not in MODES:
+        raise VGenError(f"quantize={mode!r} is not a weight format; use one of {', '.join(MODES)} (or leave it unset "
+                        "for the model's dtype)")
+    if mode == "int4" and group_size not in INT4_GROUPS:
+        raise VGenError(f"quantize_group={group_size} is not a group size the int4 kernel takes; use one of "
+                        f"{', '.join(map(str, INT4_GROUPS))}")
+    return mode
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with an int8 weight and one float scale per output channel."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.to(self.scale.dtype) * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.qweight, self.scale.to(x.dtype))
+            y = y.reshape(*x.shape[:-1], self.out_features)
+        else:
+            y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int4Linear(nn.Module):
+    """``nn.Linear`` with 4-bit codes, one scale and offset per ``group_size`` inputs of each output channel."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = 32, cpu_kernel: bool | None = None):
+        """``cpu_kernel``: store the CPU kernel's packed layout (default: where the weight is on the CPU) or the
+        portable one (two codes a byte, dequantized in the call)."""
+        super().__init__()
+        w = linear.weight.detach().float()
+        N, K = w.shape
+        G = group_size
+        wg = w.reshape(N, K // G, G)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = ((hi - lo) / 15).clamp_min(1e-12)
+        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(N, K)
+        zero = lo + 8 * scale  # tinygemm's form: w ~ (q - 8) * scale + zero
+        self.in_features, self.out_features, self.group_size = K, N, G
+        self.cpu_kernel = w.device.type == "cpu" if cpu_kernel is None else cpu_kernel
+        if self.cpu_kernel:
+            self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        else:
+            self.register_buffer("qweight", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))  # two codes a byte
+        dt = linear.weight.dtype
+        self.register_buffer("scale_zero", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt))
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def codes(self) -> torch.Tensor:
+        """The (N, K) codes 0..15 (device-independent form, for the fallback and tests)."""
+        if self.cpu_kernel:  # the packed CPU layout has no unpack op: read the codes back through the kernel
+            eye = torch.eye(self.in_features, dtype=torch.float32, device=self.qweight.device)
+            one = torch.stack([torch.ones_like(self.scale_zero[..., 0]), torch.full_like(self.scale_zero[..., 0], 8.0)],
+                              -1).float()
+            return torch._weight_int4pack_mm_for_cpu(eye, self.qweight, self.group_size, one).round().t().long()
+        return torch.stack([self.qweight & 15, self.qweight >> 4], -1).reshape(self.out_features, -1).long()
+
+    def dequantized(self) -> torch.Tensor:
+        N, K, G = self.out_features, self.in_features, self.group_size
+        s, z = self.scale_zero.transpose(0, 1).unbind(-1)  # (N, K/G) each
+        q = self.codes().reshape(N, K // G, G).to(s.dtype)
+        return ((q - 8) * s[..., None] + z[..., None]).reshape(N, K)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_kernel and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.qweight, self.group_size,
+                                                  self.scale_zero.to(x.dtype))
+            y = y.reshape(*x.shape[:-1], self.out_features)
+        else:
+            y = F.linear(x, self.dequantized().to(x.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4, group_size={self.group_size}"
+
+
+def quantize_linears(module: nn.Module, mode: str, group_size: int = 32, skip: tuple[str, ...] = ()) -> dict:
+    """Replace every ``nn.Linear`` under ``module`` (except those under a child named in ``skip``) by its int8 / int4
+    form, in place. Returns ``{"quantized": n, "kept": m, "weight_bytes": b}``: layers changed, layers left in float
+    (int4: an input width the group does not divide, or outputs not a multiple of 16), and the bytes the module's
+    parameters and buffers now take."""
+    check_mode(mode, group_size)
+    done = kept = 0
+    for name, child in list(module.named_modules()):
+        for cname, lin in list(child.named_children()):
+            full = f"{name}.{cname}" if name else cname
+            if type(lin) not in LINEARS or any(full == s or full.startswith(s + ".") for s in skip):
+                continue
+            if mode == "int4" and (lin.in_features % group_size or lin.out_features % 16):
+                kept += 1  # the int4 kernel's shapes: whole groups, outputs in 16s
+                continue
+            setattr(child, cname, Int8Linear(lin) if mode == "int8" else Int4Linear(lin, group_size))
+            done += 1
+    return {"quantized": done, "kept": kept, "weight_bytes": weight_bytes(module)}
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of the module's parameters and buffers (quantized codes, scales, float weights alike)."""
+    seen, total = set(), 0
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
