@@ -9,7 +9,7 @@ VGEN = Path(__file__).resolve().parents[1] / "vgen"
 # Lowest first; a module may import its own layer's modules and lower layers' (the longest matching prefix names a
 # module's layer). docs/architecture.md explains each layer.
 LAYERS = [
-    ("vgen.errors", "vgen.version"),
+    ("vgen.errors", "vgen.version", "vgen.plugins"),
     ("vgen.io", "vgen.stats", "vgen.validate", "vgen.hub", "vgen.distributed", "vgen.data", "vgen.threads"),
     ("vgen.kernels",),
     ("vgen.interfaces", "vgen.conditions", "vgen.cards"),

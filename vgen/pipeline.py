@@ -281,7 +281,6 @@ def sample_and_decode(pipe, sampler, cond: torch.Tensor, seeds: list[int], batch
 
 _LOADERS: list[tuple] = []  # (accepts(name), load(name, device=, dtype=, **options), card(name)): other pipeline kinds
 LOADER_GROUP = "vgen.loaders"  # entry points: modules that call register_loader when imported
-_discovered = False
 
 
 def register_loader(accepts, load, card=None) -> None:
@@ -296,12 +295,8 @@ def register_loader(accepts, load, card=None) -> None:
 def loaders() -> list[tuple]:
     """The registered loaders, after importing every module declared under the ``vgen.loaders`` entry points (once
     per process, on first use: importing vgen loads none of them)."""
-    global _discovered
-    if not _discovered:
-        _discovered = True
-        from importlib.metadata import entry_points
-        for ep in entry_points(group=LOADER_GROUP):
-            ep.load()
+    from vgen.plugins import load_group
+    load_group(LOADER_GROUP)
     return _LOADERS
 
 

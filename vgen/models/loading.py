@@ -12,25 +12,21 @@ from pathlib import Path
 import torch
 
 from vgen.errors import VGenError
+from vgen.plugins import load_group
 
 # kind -> builder, config dataclass, infer(state_dict) -> dict, signature(state_dict) -> bool, description, and the
 # optional hooks preset(cfg) -> name, finalize(cfg, inferred, given) -> cfg, required (config fields shapes cannot give)
 _KINDS: dict[str, dict] = {}
 KIND_GROUP = "vgen.kinds"  # entry points: packages whose modules call register_kind when imported
-_discovered = False
 
 
 def _registry() -> dict[str, dict]:
     """Every registered kind, after importing the packages declared under the ``vgen.kinds`` entry points (vgen's own
     models and tokenizers, a plugin's), once per process on the first lookup: ``build("vq")`` works after importing
     :mod:`vgen.models` alone."""
-    global _discovered
-    if not _discovered:
-        _discovered = True
-        from importlib.metadata import entry_points
-        for ep in entry_points(group=KIND_GROUP):
-            ep.load()
+    load_group(KIND_GROUP)
     return _KINDS
+
 
 GPT_PRESETS = {  # LlamaGen: n_layer, n_head, dim
     "GPT-B": (12, 12, 768), "GPT-L": (24, 16, 1024), "GPT-XL": (36, 20, 1280), "GPT-XXL": (48, 24, 1536),
