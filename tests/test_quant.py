@@ -34,6 +34,24 @@ def test_int8_layer_is_its_dequantized_weight_within_half_a_step():
     assert (y - lin(x)).abs().max() > 0  # it is another model
 
 
+def test_the_fused_int8_product_reads_each_row_alone_and_falls_back_to_aten(monkeypatch):
+    """The CPU product (compiled int8_gemv): PyTorch's int8 kernel's result within rounding, the same bytes for a
+    row whatever the rows beside it (batch invariance), and aten's kernel where compiling fails (said once)."""
+    import vgen.kernels.quant as quant
+    torch.manual_seed(2)
+    q = Int8Linear(nn.Linear(256, 96, bias=False))
+    x = torch.randn(7, 256)
+    with torch.inference_mode():
+        y = quant.int8_product(x, q.qweight, q.scale)
+        torch.testing.assert_close(y, torch._weight_int8pack_mm(x, q.qweight, q.scale), rtol=1e-5, atol=1e-5)
+        assert torch.equal(quant.int8_product(x[2:3], q.qweight, q.scale), y[2:3])
+        monkeypatch.setattr(quant, "_FUSED", {"fn": lambda *a: (_ for _ in ()).throw(RuntimeError("no compiler"))})
+        with pytest.warns(UserWarning, match="did not compile"):
+            z = quant.int8_product(x, q.qweight, q.scale)
+        assert "no compiler" in quant._FUSED["failed"] and "fn" not in quant._FUSED
+        assert torch.equal(z, torch._weight_int8pack_mm(x, q.qweight, q.scale))
+
+
 @pytest.mark.parametrize("group", [32, 64])
 def test_int4_layer_both_layouts_give_the_same_codes_and_products(group):
     """Per group of inputs: codes 0..15, each weight within half a step of (q - 8) * s + z; the CPU kernel's packed
@@ -72,7 +90,7 @@ def test_bad_modes_are_one_line_errors():
 
 @pytest.mark.parametrize("mode,sampler,extra", [
     pytest.param("int8", "sjd", dict(window=3), marks=pytest.mark.slow),
-    ("int4", "pac", dict(window=3, tree_width=2, tree_depth=1))])
+    pytest.param("int4", "pac", dict(window=3, tree_width=2, tree_depth=1), marks=pytest.mark.slow)])
 def test_speculative_samplers_are_exact_for_the_quantized_model(micro_gpt, mode, sampler, extra):
     """The law is the quantized model's: 10k batched samples of a speculative sampler on the int8 / int4 micro model
     follow its enumerated joint, and reject both its unguided joint and one a tenth of the way there (power)."""

@@ -129,6 +129,16 @@ class _Reader:
         return v
 
 
+def split_draft(draft: str) -> tuple[str, str | None]:
+    """A draft model's name -> (the model: a zoo name, a folder or ``self``; its weight format or None):
+    ``self@int4`` -> ("self", "int4"); ``photos-gpt@int8`` -> ("photos-gpt", "int8"); ``@float``: None. A suffix
+    that is no weight format stays part of the name (a folder may hold an @)."""
+    name, at, mode = str(draft).rpartition("@")
+    if not at or mode not in ("int8", "int4", "float"):
+        return str(draft), None
+    return name, None if mode == "float" else mode
+
+
 @dataclass(frozen=True)
 class Card:
     """A pipeline card, checked. ``folder`` is None for a pipeline built in memory (no files: kinds and file names
@@ -325,11 +335,17 @@ class Card:
         return p
 
     def draft_card(self, draft: str = "") -> Card:
-        """The card of the draft model ``draft`` ('' = the one this card names), checked to make this model's tokens:
-        the same tokenizer (file contents), token grid, token type and classes. Before any weights load."""
-        draft = draft or self.draft
+        """The card of the draft model ``draft`` ('' = the one this card names; ``self``: this card; a weight format
+        after ``@`` is left out, :func:`split_draft`), checked to make this model's tokens: the same tokenizer (file
+        contents), token grid, token type and classes. Before any weights load."""
+        draft, mode = split_draft(draft or self.draft)
         if not draft:
             raise VGenError(f"{self.spec.name} names no draft model: pass draft=<zoo name or folder>")
+        if draft == "self":
+            if self.model_kind == "transformers":
+                raise VGenError(f"draft={draft}{'@' + mode if mode else ''}: transformers pipelines take no draft "
+                                "model; use eagle (a draft head), sjd, scd, gsd, lantern or zipar")
+            return self
         dcard = Card.load(draft)
         self.spec.check_draft(dcard.spec, f"draft {draft!r}")
         if self.folder is not None and self.tokenizer_file and dcard.tokenizer_file:

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from vgen import validate
-from vgen.cards import Card, model_facts
+from vgen.cards import Card, model_facts, split_draft
 from vgen.conditions import kind_of
 from vgen.errors import VGenError
 from vgen.kinds import load_official
@@ -199,11 +200,20 @@ class Pipeline:
 
     def draft_model(self, name: str = ""):
         """The draft model a speculative sampler runs next to this one: ``name`` (a zoo name or pipeline folder;
-        '' = the card's ``draft``), loaded once and kept."""
+        '' = the card's ``draft``; ``self``: this model), with ``@int8`` / ``@int4`` a copy in those weights
+        (:func:`vgen.cards.split_draft`; int4 in groups of 32); loaded once and kept."""
         name = name or self.card.draft
         drafts = self.__dict__.setdefault("_drafts", {})
         if name not in drafts:
-            drafts[name] = Pipeline.from_card(self.card.draft_card(name), device=self.device).model
+            base, mode = split_draft(name)
+            if base == "self":
+                model = copy.deepcopy(self.model) if mode else self.model
+            else:
+                model = Pipeline.from_card(self.card.draft_card(base), device=self.device).model
+            if mode:
+                from vgen.kernels.quant import quantize_linears
+                quantize_linears(model, mode, 32, skip=tuple(getattr(model, "quantize_skip", ())))
+            drafts[name] = model
         return drafts[name]
 
     @torch.inference_mode()

@@ -75,6 +75,8 @@ def speculative(reps: list[dict]) -> str:
             mode = "eager" if "compile=false" in opts or not c.get("compile", True) else "compiled"
             width = "" if name == "ar" else "AR's loop" if r.get("window") == 1 else str(r.get("window", ""))
             share = f"{r['single_token_share']:.0%}" if r.get("single_token_share") is not None else ""
+            extra = [o for o in opts.split(",") if o and not o.startswith(("window=", "compile="))]
+            name = " ".join([name, *extra])  # the options that tell two cells apart (a draft, a tree)
             lines.append(f"| {r['model']} | `{name}` | {mode} | {r['batch_size']} | {width} | "
                          f"{r['accepted_per_step']:.2f} | {share} | {r['ms_per_token']:.2f} | {_ratio(r)} |")
         lines.append("")
@@ -132,8 +134,40 @@ def quant_kernels(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def quant_quality(reps: list[dict]) -> str:
+    """What int8 / int4 weights change in a zoo model's distribution (docs/scripts/quant_quality.py)."""
+    lines = []
+    for rep in reps:
+        lines += [f"{rep['images']} images sampled by float32 `ar` at the card's settings, teacher-forced under each "
+                  f"format ({machine(rep)}):", "",
+                  "| model | weights | weight MiB | NLL / token | NLL change | top-1 token changed | guided TV |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rep["rows"]:
+            lines.append(f"| {r['model']} | {r['weights']} | {r['weight_bytes'] / 2 ** 20:.1f} | {r['nll']:.4f} | "
+                         f"{r['nll_change']:+.2%} | {r['top1_changed']:.1%} | {r['tv_guided']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def pass_costs(reps: list[dict]) -> str:
+    """One forward pass of W tokens at a released shape (docs/scripts/released_pass_costs.py): ms and x a 1-token
+    pass, per weight format."""
+    lines = []
+    for rep in reps:
+        widths = list(rep["rows"][0]["seconds"])
+        lines += [f"{rep['model']}'s released shape, random weights, batch 1 with guidance (2 rows), a cache half full "
+                  f"({machine(rep)}); ms per pass (x a 1-token pass):", "",
+                  "| weights | " + " | ".join(f"{w} token{'s' if w != '1' else ''}" for w in widths) + " |",
+                  "|---|" + "---|" * len(widths)]
+        for r in rep["rows"]:
+            lines.append(f"| {r['weights']} | " + " | ".join(
+                f"{1e3 * r['seconds'][w]:.0f} ({r['x_one_token'][w]:.2f}x)" for w in widths) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 RENDERERS = {"small-jobs": small_jobs, "speculative": speculative, "quantized": quantized,
-             "quant-kernels": quant_kernels}
+             "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs}
 
 
 def render(name: str, files: list[str]) -> str:

@@ -47,6 +47,37 @@ def check_mode(mode: str | None, group_size: int = 32) -> str | None:
     return mode
 
 
+def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (M, K) times the int8 matrix (N, K), scaled per output channel: written as one reduction, so that compiled
+    the cast happens inside the loop that reads each int8 weight once (no float copy of the matrix is made). Each
+    output row is its own reduction: the same bytes whatever M."""
+    return (x.unsqueeze(-2) * qweight.to(x.dtype)).sum(-1) * scale
+
+
+_FUSED: dict = {}  # the compiled int8_gemv (one graph for every shape: dynamic=True), or the reason it failed
+
+
+def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The CPU product of :class:`Int8Linear`: :func:`int8_gemv` compiled (inside a compiled step, inlined into it;
+    docs/quantization.md has the timings), or PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++
+    compiler), said once."""
+    if torch.compiler.is_compiling():
+        return int8_gemv(x, qweight, scale)
+    fn = _FUSED.get("fn")
+    if fn is None and "failed" not in _FUSED:
+        fn = _FUSED["fn"] = torch.compile(int8_gemv, dynamic=True)
+    if fn is not None:
+        try:
+            return fn(x, qweight, scale)
+        except Exception as e:  # noqa: BLE001 (a backend failure: the aten kernel instead, for the whole process)
+            import warnings
+            _FUSED.pop("fn")
+            _FUSED["failed"] = f"{type(e).__name__}: {e}"
+            warnings.warn(f"vgen: the fused int8 product did not compile ({_FUSED['failed'][:200]}); using "
+                          "torch._weight_int8pack_mm (slower)", stacklevel=2)
+    return torch._weight_int8pack_mm(x, qweight, scale)
+
+
 class Int8Linear(nn.Module):
     """``nn.Linear`` with an int8 weight and one float scale per output channel."""
 
@@ -64,7 +95,7 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-            y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.qweight, self.scale.to(x.dtype))
+            y = int8_product(x.reshape(-1, x.shape[-1]), self.qweight, self.scale.to(x.dtype))
             y = y.reshape(*x.shape[:-1], self.out_features)
         else:
             y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)

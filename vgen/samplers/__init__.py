@@ -1,5 +1,21 @@
 """Samplers: one file per method over shared kernels. ``sample(model, labels, sampler=..., seed=...)``."""
-from vgen.samplers import ar, ar_latent, cspd, eagle, gsd, lantern, llamagen_loop, mar, nar, pac, scd, sjd, var, zipar  # noqa: F401,E501  (register every sampler)
+from vgen.samplers import (  # noqa: F401,E501  (register every sampler)
+                                ar,
+                                ar_latent,
+                                cspd,
+                                eagle,
+                                gsd,
+                                lantern,
+                                llamagen_loop,
+                                mar,
+                                nar,
+                                pac,
+                                scd,
+                                sjd,
+                                sps,
+                                var,
+                                zipar,
+)
 from vgen.samplers.base import (
                                 Options,
                                 Sampler,

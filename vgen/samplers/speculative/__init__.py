@@ -9,7 +9,9 @@ with an acceptance rule, and a slot scheduler keeps every sample moving at its o
   and the hooks a draft source fills in (:class:`~vgen.samplers.speculative.step.PassHooks`; a chain's defaults in
   :class:`~vgen.samplers.speculative.step.Chain`);
 * draft sources: :mod:`~vgen.samplers.speculative.jacobi` (the model drafting for itself: Jacobi iteration, its
-  inits and couplings) and :mod:`~vgen.samplers.speculative.head` (a trained draft head's chain and tree);
+  inits and couplings), :mod:`~vgen.samplers.speculative.head` (a trained draft head's chain and tree),
+  :mod:`~vgen.samplers.speculative.pac` (proactive draft trees) and :mod:`~vgen.samplers.speculative.model` (a draft
+  model's chain, e.g. the target's own int4 copy);
 * :mod:`~vgen.samplers.speculative.rules`: acceptance rules (exact token by token, block, LANTERN, GSD), each with
   its own options and validation, on the one vectorised verification core (:func:`vgen.kernels.verify.verify`);
 * ``window=auto``: :mod:`~vgen.samplers.speculative.widths` (timed widths, per-pass and per-job rules),
@@ -19,7 +21,7 @@ with an acceptance rule, and a slot scheduler keeps every sample moving at its o
 A draft source and a rule meet only through :class:`~vgen.samplers.speculative.scheduler.DraftSource`,
 :class:`~vgen.samplers.speculative.rules.AcceptanceRule` and the frozen
 :class:`~vgen.samplers.speculative.step.StepConfig`. The samplers (``sjd``, ``scd``, ``gsd``, ``lantern``,
-``eagle``) are compositions in their own files under :mod:`vgen.samplers`.
+``eagle``, ``pac``, ``sps``) are compositions in their own files under :mod:`vgen.samplers`.
 """
 from vgen.samplers.speculative.sampler import JacobiSpecOptions, SpeculativeOptions, SpeculativeSampler
 
