@@ -42,15 +42,17 @@ def test_sps_is_exact_with_a_draft_that_disagrees(micro_gpt, verify, window):
 
 
 @pytest.mark.slow
-def test_sps_with_the_int4_self_draft_is_exact_for_the_float_target(micro_gpt):
-    """The int4 copy drafts, the float model decides: the float model's law, not the int4 one's."""
+def test_sps_with_a_quantized_self_draft_is_exact_for_the_float_target(micro_gpt):
+    """The int8 copy drafts (the fused product; int4's kernel makes this test 5x slower), the float model decides:
+    the float model's law, which the draft's own differs from."""
     draft = copy.deepcopy(micro_gpt)
-    assert quantize_linears(draft, "int4", 32)["quantized"] >= 8
+    assert quantize_linears(draft, "int8")["quantized"] >= 8
     _, joint = exact_joint(micro_gpt, 1, 2.0, top_k=3, temperature=0.9)
     _, q_joint = exact_joint(draft, 1, 2.0, top_k=3, temperature=0.9)
+    assert 0.5 * abs(joint - q_joint).sum() > 0
     tokens, st = sample(micro_gpt, [1] * N, "sps", seed=0, window=3, draft=draft, **OPTS)
     counts = counts_of(tokens, 4)
-    assert chi2_p(counts, joint.numpy()) > 1e-3
+    assert chi2_p(counts, joint.numpy()) > 1e-3 and counts[joint.numpy() == 0].sum() == 0
     assert st["acceptance_rate"] > 0.8
 
 
