@@ -21,7 +21,7 @@ def joints(micro_gpt):
 
 
 @pytest.mark.parametrize("window,width,depth,continuation,init", [
-    (3, 2, 1, True, "random"), (4, 2, 2, False, "random"),
+    (3, 2, 1, True, "random"), pytest.param(4, 2, 2, False, "random", marks=pytest.mark.slow),
     pytest.param(3, 3, 2, True, "random", marks=pytest.mark.slow),
     pytest.param(4, 3, 1, True, "sample", marks=pytest.mark.slow),
     pytest.param(3, 2, 2, True, "horizontal", marks=pytest.mark.slow)])
