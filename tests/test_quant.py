@@ -170,3 +170,36 @@ def test_bench_times_weight_formats_side_by_side(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["bench", "models=[photos-gpt@int8]", "samplers=[ar]", "baseline=true", f"outdir={tmp_path / 'c'}"])
     assert e.value.code == 2 and not (tmp_path / "c").exists()
+
+
+def test_transformers_models_store_their_decoder_and_text_table_in_fewer_bits(tmp_path, monkeypatch):
+    """load_pipeline(<a Janus folder>, quantize="int8"): the decoder's linear layers and its text table in int8, the
+    output layer tied to that table sharing its codes (one copy: the float table is gone), the weight bytes down;
+    prompts embed within half a step of the float rows; a lossless sampler gives ar's tokens on the quantized model.
+    Emu3 (its table untied) and int4 too."""
+    pytest.importorskip("transformers")
+    import vgen
+    from vgen.kernels.quant import Int8Embedding
+    from vgen.models import from_transformers
+    from vgen.models.hf import shapes
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    shapes.janus(codes=8, grid=(2, 2)).save_pretrained(tmp_path / "janus")
+    full = vgen.load_pipeline(str(tmp_path / "janus"))
+    pipe = vgen.load_pipeline(str(tmp_path / "janus"), quantize="int8")
+    q, lm = pipe.quantization, pipe.hf.model.language_model
+    assert q["mode"] == "int8" and q["quantized"] == 2 * 7 and q["embeddings"] == 2
+    assert isinstance(lm.embed_tokens, Int8Embedding) and isinstance(pipe.hf.lm_head, Int8Linear)
+    assert pipe.hf.lm_head.qweight is lm.embed_tokens.qweight
+    assert not any(type(t) is nn.Embedding and t.num_embeddings == 64 for t in pipe.hf.modules())
+    assert q["weight_bytes"] < weight_bytes(full.hf)
+    ids = torch.tensor([[0, 9, 11, 3], [0, 17, 12, 3]])
+    rows, exact = lm.embed_tokens(ids), full.hf.model.language_model.embed_tokens(ids)
+    assert ((rows - exact).abs() <= lm.embed_tokens.scale[ids].unsqueeze(-1) / 2 + 1e-7).all()
+    ar = pipe.generate(input_ids=ids, sampler="ar", seed=0, top_k=1).tokens
+    assert torch.equal(pipe.generate(input_ids=ids, sampler="sjd", seed=0, top_k=1, window=3).tokens, ar)
+    m = from_transformers(shapes.emu3(codes=8), height=2, width=2)
+    info = m.quantize_weights("int4", 32)
+    assert info["quantized"] > 0 and info["embeddings"] == 1 and isinstance(m.hf.model.text_model.embed_tokens,
+                                                                             Int8Embedding)
+    toks, _ = sample(m, torch.tensor([[0, 9, 11, 7, 9, 6]]), "ar", seed=1, cfg_scale=1.0)
+    assert toks.shape == (1, 4)

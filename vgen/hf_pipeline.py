@@ -114,11 +114,10 @@ class TransformersPipeline:
 
     def quantize(self, mode: str, group_size: int = 32) -> dict:
         """The language model's linear layers (the family's ``decoder``: what runs once per token) in int8 / int4
-        weights (:func:`vgen.kernels.quant.quantize_linears`); the embeddings, the image head, vision towers and the
-        VQ decoder stay as loaded. Returns what changed, kept in ``self.quantization``."""
-        from vgen.kernels.quant import quantize_linears, weight_bytes
-        info = quantize_linears(self.model.family.decoder, mode, group_size)
-        info["weight_bytes"] = weight_bytes(self.hf)
+        weights and its text table in int8 (:meth:`vgen.models.hf.adapter.TransformersModel.quantize_weights`); the
+        image head, vision towers and the VQ decoder stay as loaded. Returns what changed, kept in
+        ``self.quantization``."""
+        info = self.model.quantize_weights(mode, group_size)
         self.quantization = {"mode": mode, "group_size": group_size if mode == "int4" else None, **info}
         return self.quantization
 

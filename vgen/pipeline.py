@@ -133,12 +133,12 @@ class Pipeline:
         return cls(model, tok, card, text)
 
     def quantize(self, mode: str, group_size: int = 32) -> dict:
-        """The model's linear layers in int8 / int4 weights (:func:`vgen.kernels.quant.quantize_linears`; the model
+        """The model's linear layers in int8 / int4 weights (:func:`vgen.kernels.quant.quantize_model`; the model
         class's ``quantize_skip`` names children kept in float, such as a diffusion head); the tokenizer and the text
         encoder stay as they are. Returns ``{"mode", "group_size", "quantized", "kept", "weight_bytes"}``, kept in
         ``self.quantization`` and recorded in the stats of every job run with it."""
-        from vgen.kernels.quant import quantize_linears
-        info = quantize_linears(self.model, mode, group_size, skip=tuple(getattr(self.model, "quantize_skip", ())))
+        from vgen.kernels.quant import quantize_model
+        info = quantize_model(self.model, mode, group_size)
         self.quantization = {"mode": mode, "group_size": group_size if mode == "int4" else None, **info}
         return self.quantization
 
@@ -211,8 +211,8 @@ class Pipeline:
             else:
                 model = Pipeline.from_card(self.card.draft_card(base), device=self.device).model
             if mode:
-                from vgen.kernels.quant import quantize_linears
-                quantize_linears(model, mode, 32, skip=tuple(getattr(model, "quantize_skip", ())))
+                from vgen.kernels.quant import quantize_model
+                quantize_model(model, mode, 32)
             drafts[name] = model
         return drafts[name]
 

@@ -180,6 +180,8 @@ def run(cfg) -> dict:
     from tqdm.auto import tqdm
 
     from vgen import validate
+    from vgen.eval.bench.measuring import free_memory
+    from vgen.kernels.quant import weight_bytes
     device = validate.device(cfg.device)
     dtype = validate.dtype(cfg.get("hf_dtype") or ("bfloat16" if device.type == "cuda" else "float32"))
     repeats = max(1, int(cfg.get("hf_repeats") or 1))
@@ -190,7 +192,6 @@ def run(cfg) -> dict:
         grid = cfg.get("hf_grid")
         m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
         s = {**shape(name), **({"grid": (int(grid), int(grid))} if grid else {})}
-        from vgen.kernels.quant import weight_bytes
         result["models"][name] = {
             "params_m": sum(p.numel() for p in m.parameters()) / 1e6, "grid": list(s["grid"]),
             "float_weight_mb": weight_bytes(m) / 2 ** 20,
@@ -198,11 +199,12 @@ def run(cfg) -> dict:
                                                   bool(cfg.get("hf_warmup", True)))
                       for b in (cfg.get("hf_batch_sizes") or [1, 8])}}
         del m, model
-        for mode in cfg.get("hf_quantize") or []:  # the same random weights (seeded), the decoder's layers quantized
-            from vgen.kernels.quant import quantize_linears, weight_bytes
+        free_memory()
+        for mode in cfg.get("hf_quantize") or []:  # the same random weights (seeded), the decoder quantized
             m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
             full = weight_bytes(m)
-            info = quantize_linears(model.family.decoder, str(mode), int(cfg.get("quantize_group", 32)))
+            info = model.quantize_weights(str(mode), int(cfg.get("quantize_group", 32)))
+            free_memory()  # the float layers just replaced
             row = result["models"][name].setdefault("quantized", {})[str(mode)] = {
                 **info, "float_weight_bytes": full, "weight_bytes": weight_bytes(m), "batch": {}}
             for b in (cfg.get("hf_batch_sizes") or [1, 8]):
@@ -211,8 +213,7 @@ def run(cfg) -> dict:
                                          / t["seconds_per_image"])
                 row["batch"][str(b)] = t
             del m, model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            free_memory()
     return result
 
 

@@ -17,6 +17,10 @@ in docs/lab/benchmarks-log.md, "int8 / int4 weights"). An int4 layer whose input
 divide, or whose outputs are not a multiple of 16, stays in float (``quantize_linears`` returns how many layers it
 changed and kept).
 
+An embedding table can be stored in int8 too (:func:`quantize_embedding`: one scale per row; a lookup reads only
+its rows), sharing its codes with an output layer tied to it: a transformers model's text vocabulary (Janus-Pro-1B's
+102,400 x 2,048 float32 table is 0.8 GB, the size of three of its layers) only embeds the prompt.
+
 The distribution a sampler draws from is the quantized model's: speculative samplers stay exact with respect to it.
 """
 from __future__ import annotations
@@ -105,6 +109,62 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
 
 
+    @classmethod
+    def sharing(cls, table: "Int8Embedding", bias: torch.Tensor | None = None) -> "Int8Linear":
+        """An output layer tied to an int8 embedding table: the same codes and scales (one copy in memory)."""
+        lin = cls.__new__(cls)
+        nn.Module.__init__(lin)
+        lin.out_features, lin.in_features = table.qweight.shape
+        lin.register_buffer("qweight", table.qweight)
+        lin.register_buffer("scale", table.scale)
+        lin.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        return lin
+
+
+class Int8Embedding(nn.Module):
+    """``nn.Embedding`` with an int8 table and one float scale per row: a lookup dequantizes only the rows it reads."""
+
+    def __init__(self, emb: nn.Embedding):
+        super().__init__()
+        if emb.max_norm is not None:
+            raise VGenError("an embedding with max_norm renormalises its rows on lookup: it cannot be stored in int8")
+        w = emb.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        self.num_embeddings, self.embedding_dim = w.shape
+        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(emb.weight.dtype))
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.to(self.scale.dtype) * self.scale[:, None]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.qweight[ids].to(self.scale.dtype) * self.scale[ids].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8"
+
+
+def quantize_embedding(root: nn.Module, emb: nn.Embedding) -> int:
+    """Replace the embedding ``emb`` (wherever it sits under ``root``) by :class:`Int8Embedding`, and every linear
+    layer under ``root`` whose weight is the same tensor (a tied output layer) by an :class:`Int8Linear` sharing its
+    codes, in place, so the float table is freed. Returns how many modules changed. Callers holding ``emb`` itself
+    keep the float table alive: look it up where it sits (``root.get_input_embeddings()``) at call time."""
+    if type(emb) is not nn.Embedding:
+        raise VGenError(f"quantize_embedding takes an nn.Embedding, got {type(emb).__name__}")
+    weight = emb.weight
+    table = Int8Embedding(emb)
+    changed = 0
+    for parent in list(root.modules()):
+        for cname, child in list(parent.named_children()):
+            if child is emb:
+                setattr(parent, cname, table)
+                changed += 1
+            elif type(child) in LINEARS and child.weight is weight:
+                setattr(parent, cname, Int8Linear.sharing(table, child.bias))
+                changed += 1
+    return changed
+
+
 class Int4Linear(nn.Module):
     """``nn.Linear`` with 4-bit codes, one scale and offset per ``group_size`` inputs of each output channel."""
 
@@ -176,6 +236,17 @@ def quantize_linears(module: nn.Module, mode: str, group_size: int = 32, skip: t
             setattr(child, cname, Int8Linear(lin) if mode == "int8" else Int4Linear(lin, group_size))
             done += 1
     return {"quantized": done, "kept": kept, "weight_bytes": weight_bytes(module)}
+
+
+def quantize_model(model: nn.Module, mode: str, group_size: int = 32) -> dict:
+    """A vgen model's weights in ``mode``, in place: a model with its own ``quantize_weights(mode, group_size)``
+    (the transformers adapter: its decoder and its text table) decides what; any other has every linear layer replaced
+    except under the children its class names in ``quantize_skip`` (such as MAR's diffusion head). Returns what
+    :func:`quantize_linears` returns."""
+    own = getattr(model, "quantize_weights", None)
+    if callable(own):
+        return own(mode, group_size)
+    return quantize_linears(model, mode, group_size, skip=tuple(getattr(model, "quantize_skip", ())))
 
 
 def weight_bytes(module: nn.Module) -> int:

@@ -26,6 +26,18 @@ def _rss_mb() -> float:
         return peak_rss_mb()
 
 
+def free_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the system (glibc's ``malloc_trim``; CUDA's cache), so the
+    next :class:`RssPeak` measures the next model, not what the last one left."""
+    import gc
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class RssPeak:
     """Peak resident memory of the process while the block runs (polled every 20 ms on a thread; Linux /proc,
     else the lifetime peak), and on CUDA the peak of allocated device memory within the block."""

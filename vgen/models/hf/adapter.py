@@ -24,7 +24,8 @@ class Family:
     """What the adapter needs from one transformers architecture (built by its family's ``wrap``)."""
     name: str
     decoder: nn.Module                                  # the transformer: inputs_embeds -> last_hidden_state (normed)
-    embed_prompt: Callable[[torch.Tensor], torch.Tensor]  # prompt ids (B, L) -> (B, L, d)
+    embed_prompt: Callable[[torch.Tensor], torch.Tensor]  # prompt ids (B, L) -> (B, L, d) (reads the table's module
+    #                                                     at call time: quantize_weights replaces it)
     embed_codes: Callable[[torch.Tensor], torch.Tensor]   # image codes (B, S) -> (B, S, d)
     logits: Callable[[torch.Tensor], torch.Tensor]        # hidden (..., d) -> image-code logits (..., V)
     vocab_size: int                                     # image codes
@@ -331,6 +332,18 @@ class TransformersModel(nn.Module):
         self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self._eager = getattr(cfg, "_attn_implementation", "sdpa") not in ("sdpa", "flash_attention_2",
                                                                             "flex_attention")
+
+    def quantize_weights(self, mode: str, group_size: int = 32) -> dict:
+        """The decoder's linear layers (what runs once per token) in int8 / int4 and its input table in int8, with any
+        output layer tied to it (:func:`vgen.kernels.quant.quantize_embedding`), in place; the image head, vision
+        towers and the VQ stay as loaded. Returns what changed and the model's weight bytes."""
+        from vgen.kernels.quant import quantize_embedding, quantize_linears, weight_bytes
+        dec = self.family.decoder
+        info = quantize_linears(dec, mode, group_size)
+        emb = dec.get_input_embeddings() if hasattr(dec, "get_input_embeddings") else None
+        info["embeddings"] = quantize_embedding(self.hf, emb) if type(emb) is nn.Embedding else 0
+        info["weight_bytes"] = weight_bytes(self.hf)
+        return info
 
     # ---- what samplers read -----------------------------------------------------------------------------------
     @property

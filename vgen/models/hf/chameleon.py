@@ -153,7 +153,8 @@ def wrap(m, height: int | None = None, width: int | None = None, layout: str | N
 
     tc = m.config
     return Family(
-        name="Lumina-mGPT" if layout == "lumina" else "Anole", decoder=text, embed_prompt=text.embed_tokens,
+        name="Lumina-mGPT" if layout == "lumina" else "Anole", decoder=text,
+        embed_prompt=lambda t: text.embed_tokens(t),
         embed_codes=embed_codes, logits=logits, vocab_size=codes, grid=(height, width), null_prompt=null_prompt,
         pad_id=int(tc.pad_token_id if tc.pad_token_id is not None else 1), text_vocab=int(tc.vocab_size),
         max_positions=getattr(tc, "max_position_embeddings", None),

@@ -78,7 +78,7 @@ def wrap(m, height: int | None = None, width: int | None = None, negative_prompt
 
     tc = text.config
     return Family(
-        name="Emu3", decoder=text, embed_prompt=text.embed_tokens, embed_codes=embed_codes, logits=logits,
+        name="Emu3", decoder=text, embed_prompt=lambda t: text.embed_tokens(t), embed_codes=embed_codes, logits=logits,
         vocab_size=codes, grid=(int(height), int(width)), null_prompt=null_prompt,
         pad_id=int(tc.pad_token_id if tc.pad_token_id is not None else 0), text_vocab=int(tc.vocab_size),
         max_positions=getattr(tc, "max_position_embeddings", None),

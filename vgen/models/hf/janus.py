@@ -58,7 +58,7 @@ def wrap(m, height: int | None = None, width: int | None = None, boi_token_id: i
 
     tc = m.config.text_config
     return Family(
-        name="Janus", decoder=lm, embed_prompt=lm.get_input_embeddings(),
+        name="Janus", decoder=lm, embed_prompt=lambda t: lm.get_input_embeddings()(t),
         embed_codes=lambda t: inner.generation_aligner(inner.generation_embeddings(t)),
         logits=inner.generation_head, vocab_size=int(m.config.vq_config.num_embeddings), grid=(g, g),
         null_prompt=null_prompt, pad_id=pad, text_vocab=int(tc.vocab_size),
