@@ -102,7 +102,7 @@ def test_static_caches_reuse_their_addresses_one_holder_at_a_time(monkeypatch):
 
     from vgen.kernels import kv_cache
     monkeypatch.setattr(kv_cache, "STATIC_DEVICES", ("cpu",))
-    monkeypatch.setattr(kv_cache, "_static", lambda t: t)
+    monkeypatch.setattr(kv_cache, "static", lambda t: t)
     monkeypatch.setattr(kv_cache, "_POOL", {})
     a = KVCache(2, 1, 2, 30, 4)
     ptrs = [t.data_ptr() for t in a.k + a.v]
@@ -249,3 +249,34 @@ def test_a_compiled_step_builds_at_llamagens_vocabulary_and_batch_8():
     graphed, _ = sample(m, labels, "ar", seed=0, cfg_scale=4.0, compile=True)
     assert _skips() == before and int(graphed.max()) < 16384
     assert torch.equal(graphed[:, 0], eager[:, 0])
+
+
+def test_static_buffers_go_to_the_next_run_refilled(monkeypatch):
+    """A decode loop's state on a static device (run here on the CPU, made static): a finished owner's buffer goes
+    to the next owner of the same name, shape and dtype (its address: recorded graphs replay), refilled; a live
+    owner's is never shared; elsewhere every call makes a new tensor."""
+    import gc
+
+    from vgen.kernels import kv_cache
+
+    class Run:
+        pass
+
+    a = Run()
+    plain = kv_cache.static_buffer(a, "x", (3,), torch.long, "cpu", fill=2)
+    assert torch.equal(plain, torch.full((3,), 2)) and not hasattr(plain, "_dynamo_static_input_type")
+    monkeypatch.setattr(kv_cache, "STATIC_DEVICES", ("cpu",))
+    monkeypatch.setattr(kv_cache, "_BUFFERS", {})
+    t = kv_cache.static_buffer(a, "x", (3,), torch.long, "cpu", fill=2)
+    assert t._dynamo_static_input_type == "unguarded"
+    t.fill_(9)
+    b = Run()
+    live = kv_cache.static_buffer(b, "x", (3,), torch.long, "cpu")
+    assert live.data_ptr() != t.data_ptr()
+    ptr = t.data_ptr()
+    del a, t
+    gc.collect()
+    again = kv_cache.static_buffer(Run(), "x", (3,), torch.long, "cpu", fill=1)
+    assert again.data_ptr() == ptr and torch.equal(again, torch.ones(3, dtype=torch.long))
+    other = kv_cache.static_buffer(Run(), "x", (4,), torch.long, "cpu")
+    assert other.data_ptr() != ptr

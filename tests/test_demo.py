@@ -167,9 +167,9 @@ def test_gradio_client_race_endpoint(server):
     client = Client(server, verbose=False)
     given = {"cfg_scale": 3.0, "top_k": 100, "temperature": 1.0, "window": 4, "init": "vertical"}
     values = [given.get(name) for name in option_fields()]  # the widgets, in the app's order; blank = card's
-    images, maps, table = client.predict("photos-gpt", "", "1: brick", "", 2, ["ar", "gsd"], *values,
-                                         api_name="/race")  # model, folder, class, prompt (text models), seed
-    assert len(images) == 2 and len(maps) == 2
+    images, maps, table, note = client.predict("photos-gpt", "", "1: brick", "", 2, ["ar", "gsd"], *values,
+                                               api_name="/race")  # model, folder, class, prompt (text models), seed
+    assert len(images) == 2 and len(maps) == 2 and note == ""  # every sampler has its map: nothing to explain
     rows = table["data"]
     assert [r[0] for r in rows] == ["ar", "gsd"] and rows[0][3] == 1.0
 
@@ -265,7 +265,10 @@ def test_race_on_a_next_scale_model_compares_full_and_compressed_cache(tiny_var_
     res = d.race(LOCAL, str(tiny_var_pipeline), 1, 0, ["var"], {"kv_compression": "uniform", "kv_budget": 0.25})
     assert [r["sampler"] for r in res] == ["var (full cache)", "var (uniform 25%)"]
     assert res[1]["kv_cache_bytes"] < res[0]["kv_cache_bytes"] and res[0]["forward_passes"] == 4
-    assert all(r["step_map"] is None for r in res)  # a pyramid, not one grid: no heatmap
+    assert all(r["step_map"] is None for r in res)  # a pyramid, not one grid: no heatmap, and the panel says why
+    from vgen.demo import maps_label
+    assert maps_label(res) == ("No decode-step map for var (full cache), var (uniform 25%): it decodes a whole "
+                               "scale of the token pyramid per pass, so no token has a pass of its own to map.")
     with pytest.raises(VGenError, match="next-scale model: use one of var"):
         d.race(LOCAL, str(tiny_var_pipeline), 1, 0, ["sjd"], {})
 
@@ -318,3 +321,21 @@ def test_a_closed_page_runs_no_further_sampler(demo, monkeypatch):
     assert first["sampler"] == "ar" and first["speedup"] == 1.0 and first["of"] == 3 and calls == ["ar"]
     race.close()  # the page is gone
     assert calls == ["ar"]
+
+
+@needs_zoo("photos-gpt")
+def test_the_options_shown_are_the_ticked_samplers_with_their_blank_values():
+    """The options accordion lists what the ticked samplers (and the baseline) take, each with the value a blank
+    box gets (the card's), not every option of every sampler; ticking another sampler shows its options."""
+    from vgen.cards import Card
+    from vgen.demo import option_fields, options_shown
+    card = Card.load("photos-gpt")
+    ar = options_shown(card, [])
+    assert set(ar) == set(option_fields())
+    shown = {k for k, v in ar.items() if v is not None}
+    assert {"cfg_scale", "top_k", "temperature"} <= shown and "window" not in shown and "coupling" not in shown
+    assert ar["cfg_scale"] == f"blank: {card.sampling['cfg_scale']}"  # the card's value
+    sjd = options_shown(card, ["sjd"])
+    assert sjd["coupling"] == "blank: independent" and sjd["window"].startswith("blank: 4")
+    assert "tree" not in {k for k, v in sjd.items() if v is not None}  # eagle's, not ticked
+    assert options_shown(card, ["eagle"])["tree"] == "blank: none"

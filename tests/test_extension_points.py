@@ -14,8 +14,8 @@ OPTS = dict(cfg_scale=2.0, top_k=3, temperature=0.9)
 N = 20_000
 
 
-def copy_step(model, cache, s, wv, u, it, W, c, rule, **args):
-    return speculative_step(CopyLeft, model, cache, s, wv, u, it, W, c, rule, **args)
+def copy_step(model, cache, s, wv, it, W, c, rule, **args):
+    speculative_step(CopyLeft, model, cache, s, wv, it, W, c, rule, **args)
 
 
 class CopyLeft(Chain):

@@ -197,3 +197,118 @@ def test_mar_makes_no_round_trip_per_pass():
     loop = per_pass(trips)
     assert len(loop) >= 5
     assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop
+
+
+def tensors_in(obj, seen=None):
+    """Every tensor reachable from a step's argument (through tuples, lists, dicts and objects' attributes; an
+    nn.Module's parameters and buffers are the graph's own static inputs and are not walked)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or obj is None or isinstance(obj, (int, float, str, bool, torch.nn.Module, type)):
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        items = list(obj)
+    elif hasattr(obj, "__dict__") and not callable(obj):
+        items = list(vars(obj).values())
+    else:
+        return []
+    return [t for x in items for t in tensors_in(x, seen)]
+
+
+class StepRecorder:
+    """Stands in for `compiled`: calls the step as it is and records, per call, the tensors it is given that are not
+    static addresses (CUDA graphs would copy each into the graph) and the tensors it returns (cloned out)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, fn, **kw):
+        def step(*args, **kwargs):
+            given = tensors_in([args, kwargs])
+            out = fn(*args, **kwargs)
+            copied = [t for t in given if getattr(t, "_dynamo_static_input_type", None) is None]
+            self.calls.append({"copied_in": len(copied), "shapes": [tuple(t.shape) for t in copied],
+                               "cloned_out": len(tensors_in(out)), "addresses": [t.data_ptr() for t in given]})
+            return out
+        return step
+
+
+SOURCES = [
+    ("ar", {}),
+    ("ar", dict(draw="gumbel")),
+    ("zipar", dict(window=2)),
+    ("sjd", dict(window=4)),
+    ("scd", dict(window=4)),
+    ("sjd", dict(window=4, init="vertical", coupling="maximal")),
+    ("gsd", dict(window=4)),
+    ("lantern", dict(window=4, delta=0.2)),
+    ("eagle", dict(window=4)),
+    ("eagle", dict(tree="2,2", window=4)),
+    ("pac", dict(window=4, tree_width=2, tree_depth=2)),
+    ("sps", dict(window=4, draft="self@int8")),
+]
+
+
+@pytest.mark.parametrize("name,opts", SOURCES)
+def test_a_compiled_pass_copies_nothing_in_clones_nothing_out_and_reads_once(tiny_gpt, monkeypatch, name, opts):
+    """The budget for a compiled step, counted on the CPU with its device made static (as CUDA is): per
+    pass, every tensor the step is given is a static address, the same one at every pass (a CUDA graph reads and
+    updates it where it lies: nothing is copied in), the step returns no tensor (nothing is cloned out), and the
+    host reads the counts once (none for AR and ZipAR). A second run gets the first one's addresses back (pooled), and
+    both give the bytes of a run on an ordinary device."""
+    import copy
+
+    import torch.nn.functional as F
+
+    import vgen.samplers.ar as ar
+    import vgen.samplers.speculative.scheduler as scheduler
+    import vgen.samplers.zipar as zipar
+    from vgen.kernels import kv_cache
+    from vgen.models.drafter import Drafter
+    kw = dict(seed=0, cfg_scale=2.0, top_k=8, **opts)
+    model = copy.deepcopy(tiny_gpt)
+    if name in ("gsd", "lantern"):
+        kw["codebook"] = F.normalize(torch.randn(model.vocab_size, 8, generator=torch.Generator().manual_seed(0)),
+                                     dim=-1)
+    if name == "eagle":
+        torch.manual_seed(0)
+        kw["draft"] = Drafter(model.config, "block").eval()
+    if name == "sps":  # a draft model without a pipeline: the model's own int8 copy
+        from vgen.kernels.quant import quantize_model
+        kw["draft"] = copy.deepcopy(model)
+        quantize_model(kw["draft"], "int8")
+    plain, _ = sample(model, [0, 1, 2], name, **kw)
+    monkeypatch.setattr(kv_cache, "STATIC_DEVICES", ("cpu",))
+    monkeypatch.setattr(kv_cache, "_POOL", {})
+    monkeypatch.setattr(kv_cache, "_BUFFERS", {})
+    rec = StepRecorder()
+    monkeypatch.setattr(scheduler, "compiled", rec)
+    monkeypatch.setattr(zipar, "compiled", rec)
+    monkeypatch.setattr(ar, "compiled", rec)
+    with counting(model) as trips:
+        first, _ = sample(model, [0, 1, 2], name, compile=True, **kw)
+    assert len(rec.calls) >= 3, name  # the compiled step ran, pass by pass
+    assert {c["copied_in"] for c in rec.calls} == {0}, rec.calls[0]["shapes"]
+    assert {c["cloned_out"] for c in rec.calls} == {0}
+    assert all(c["addresses"] == rec.calls[0]["addresses"] for c in rec.calls)
+    reads = max(c["reads"] for c in per_pass(trips))
+    assert reads == (0 if name in ("ar", "zipar") else 1)
+    # the next run reuses the pooled state (the same addresses: recorded graphs replay) and gives the same bytes
+    n = len(rec.calls)
+    again, _ = sample(model, [0, 1, 2], name, compile=True, **kw)
+    assert rec.calls[n]["addresses"] == rec.calls[0]["addresses"]
+    assert torch.equal(first, plain) and torch.equal(again, plain)
+
+
+def test_the_step_recorder_sees_a_copy_and_a_clone():
+    """Power: a tensor made for each call (not static) and a returned tensor are counted."""
+    rec = StepRecorder()
+    step = rec(lambda state, x: x + state)
+    state = torch.zeros(2)
+    torch._dynamo.mark_static_address(state, guard=False)
+    step(state, torch.ones(2))
+    assert rec.calls[0]["copied_in"] == 1 and rec.calls[0]["cloned_out"] == 1

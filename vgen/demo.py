@@ -179,9 +179,13 @@ class Demo:
             t0 = time.perf_counter()
             gen = pipe.generate(**c, sampler=x, seed=s, **o)
             sec = time.perf_counter() - t0
+            has_map = gen.step_map is not None and len(grid) in (2, 3)
             r = {"sampler": label, "image": gen.pixels[0], "seconds": gen.stats["sample_seconds"],
                  "total_seconds": sec, "forward_passes": int(gen.stats["forward_passes"]),
-                 "step_map": gen.step_map[0] if gen.step_map is not None and len(grid) in (2, 3) else None,
+                 "step_map": gen.step_map[0] if has_map else None,
+                 "no_map": None if has_map else ("it decodes a whole scale of the token pyramid per pass, so no "
+                                                 "token has a pass of its own to map" if gen.step_map is not None
+                                                 else "it reports no decode step per token"),
                  "grid": grid, "options": o, "kv_cache_bytes": gen.stats.get("kv_cache_bytes"), "of": len(runs)}
             base_run = base_run or r
             r["speedup"] = base_run["seconds"] / r["seconds"]
@@ -214,19 +218,66 @@ def option_fields() -> dict[str, dataclasses.Field]:
     return out
 
 
-def option_widget(f: dataclasses.Field):
-    """A Gradio input for one option field, blank by default (blank = the model card's value)."""
+def option_widget(f: dataclasses.Field, blank: str | None = "blank: the model card's value"):
+    """A Gradio input for one option field, blank by default; ``blank``: what blank means (:func:`options_shown`),
+    None to start hidden (no ticked sampler takes it)."""
     import gradio as gr
     label = f"{f.name}: {f.metadata.get('help', '')}"
     choices = f.metadata.get("choices")
-    t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    t = _type_name(f)
+    shown_ = blank is not None
     if choices:
-        return gr.Dropdown(list(choices), value=None, label=label)
+        return gr.Dropdown(list(choices), value=None, label=label, info=blank, visible=shown_)
     if t == "bool":
-        return gr.Dropdown([True, False], value=None, label=label)
-    if t in ("int", "float"):  # a text box: blank stays blank (a Number field turns blank into 0 once shown)
-        return gr.Textbox(None, label=label, placeholder="blank: the model card's value")
-    return gr.Textbox(None, label=label)
+        return gr.Dropdown([True, False], value=None, label=label, info=blank, visible=shown_)
+    # a text box (numbers too: blank stays blank; a Number field turns blank into 0 once shown)
+    return gr.Textbox(None, label=label, placeholder=blank, visible=shown_)
+
+
+def options_shown(card, samplers: list[str]) -> dict[str, str | None]:
+    """Which option widgets the chosen ``samplers`` and the model's baseline take, and what each means left blank:
+    {option: None (hidden: none of them takes it) or the value it then gets (the model card's, or the sampler's
+    default where the card says nothing; the demo's window)}."""
+    from vgen.pipeline import resolve_sampler
+    from vgen.samplers import plain_sampler
+    values: dict[str, object] = {}
+    for x in [plain_sampler(card), *samplers]:
+        try:
+            o = resolve_sampler(card, x).options
+        except (VGenError, KeyError, TypeError):
+            continue
+        for f in dataclasses.fields(o):
+            values.setdefault(f.name, getattr(o, f.name))
+    out: dict[str, str | None] = {}
+    for k in option_fields():
+        if k not in values:
+            out[k] = None
+        elif k == "window":
+            out[k] = f"blank: {DEMO_WINDOW} in the demo (auto times every width first)"
+        else:
+            v = values[k]
+            out[k] = f"blank: {v}" if v not in ("", None) else "blank: none"
+    return out
+
+
+def option_updates(card, samplers: list[str], fields: dict[str, dataclasses.Field]) -> list[dict]:
+    """Gradio updates for the option widgets: shown where the chosen samplers take them, their blank value said."""
+    import gradio as gr
+    shown_ = options_shown(card, samplers)
+    ups = []
+    for k, f in fields.items():
+        p = shown_[k]
+        if p is None:
+            ups.append(gr.update(visible=False))
+        elif f.metadata.get("choices") or _type_name(f) == "bool":
+            ups.append(gr.update(visible=True, info=p))
+        else:
+            ups.append(gr.update(visible=True, placeholder=p))
+    return ups
+
+
+def _type_name(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
 def parse_options(fields: dict[str, dataclasses.Field], values, samplers: list[str], card) -> dict:
@@ -279,6 +330,15 @@ def shown(pixels: torch.Tensor, folder: str, name: str, size: int = 256):
     path = Path(folder) / f"{name}.gif"
     save_gif(path, pixels.repeat_interleave(4, -1).repeat_interleave(4, -2))
     return str(path)
+
+
+def maps_label(results: list[dict]) -> str:
+    """The line under the heatmaps saying which samplers have no map and why (a next-scale model has none); '' when
+    every one has its map."""
+    missing = [r for r in results if r["step_map"] is None]
+    if not missing:
+        return ""
+    return f"No decode-step map for {', '.join(r['sampler'] for r in missing)}: {missing[0]['no_map']}."
 
 
 def shown_results(results: list[dict], out: str):
@@ -353,7 +413,7 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
             out = tempfile.mkdtemp(prefix="vgen-demo-")
             for r in runs:
                 results.append(r)
-                yield shown_results(results, out)
+                yield *shown_results(results, out), maps_label(results)
         except VGenError as e:
             raise gr.Error(str(e), print_exception=False) from None
 
@@ -374,18 +434,28 @@ def build_app(demo: Demo | None = None, default_model: str = "photos-gpt", defau
                 seed = gr.Number(0, label="seed (a whole number >= 0)", precision=0)
                 chosen = gr.CheckboxGroup(default_fits, value=ticked(card_of(start), default_fits),
                                           label="samplers (the model's plain sampler, AR / VAR / NAR, runs as the baseline)")
-                with gr.Accordion("options (blank: the model card's value)", open=False):
-                    widgets = [option_widget(f) for f in fields.values()]
+                with gr.Accordion("options of the ticked samplers (blank: the model card's value)", open=False):
+                    first = options_shown(start_card, ticked(card_of(start), default_fits))
+                    widgets = [option_widget(f, first[k]) for k, f in fields.items()]
                 button = gr.Button("Generate", variant="primary")
             with gr.Column(scale=2):
                 images = gr.Gallery(label="samples", columns=4, format="png", height="auto")
                 maps = gr.Gallery(label="decode step per token", columns=4, format="png", height="auto")
+                no_maps = gr.Markdown("")
                 table = gr.Dataframe(headers=["sampler", "seconds", "forward passes", "x baseline (time)",
                                               "x baseline (passes)"], label="speed", interactive=False)
+        def on_chosen(model, folder, chosen):
+            try:
+                card = load_card(demo.resolve_model(model, folder))
+            except VGenError:
+                return [gr.update() for _ in widgets]
+            return option_updates(card, list(chosen or []), fields)
+
         model.change(on_model, [model, folder], [cls, folder, chosen, prompt], api_name=False)
+        chosen.change(on_chosen, [model, folder, chosen], widgets, api_name=False)
         folder.submit(on_model, [model, folder], [cls, folder, chosen, prompt], api_name=False)
         inputs = [model, folder, cls, prompt, seed, chosen, *widgets]
-        button.click(on_generate, inputs, [images, maps, table], api_name="race")
+        button.click(on_generate, inputs, [images, maps, table, no_maps], api_name="race")
 
         # The scripted endpoint: class id, seed, sampler -> PNG file (model card settings).
         api_cls = gr.Number(0, precision=0, visible=False)

@@ -58,11 +58,13 @@ def main():
             cache = model.new_cache(2 * S)
             model.prefill(torch.zeros(2 * S, dtype=torch.long), cache)
             n = torch.full((S,), L // 2)
-            tokens = torch.randint(0, V, (S, L + 2 * D + 2))
-            state = SlotState(tokens, n, torch.full((S, D, V), 1.0 / V), torch.zeros(S, L + 2 * D + 2),
-                              torch.zeros(S, L + 2 * D + 2, dtype=torch.long), torch.zeros(S, 3, dtype=torch.long))
-            u = torch.rand(S, config.uniform_width)
-            it = torch.tensor(1)
+            state = SlotState.empty(S, config, V, "cpu", n=n)
+            state.tokens.copy_(torch.randint(0, V, state.tokens.shape))
+            state.qwin.fill_(1.0 / V)
+            state.u.copy_(torch.rand(state.u.shape))
+            pristine = [t.clone() for t in state]  # every timed pass starts here (the step updates it in place)
+            tokens = state.tokens.clone()
+            it = torch.tensor(0)
             cache.limit(cache.bucket(model.cond_len + L // 2 + max(a.widths)))
             for mode in ("eager", "compiled"):
                 fwd = compiled(decode_only) if mode == "compiled" else decode_only
@@ -71,10 +73,12 @@ def main():
                 for r in range(a.repeats + 2):
                     for w in a.widths:
                         wv = torch.full((S,), w)
+                        for t, t0 in zip(state, pristine):
+                            t.copy_(t0)
                         t0 = time.perf_counter()
                         fwd(model, cache, tokens, n, w, L, True)
                         t1 = time.perf_counter()
-                        step(model, cache, state, wv, u, it, w, config, TokenRule(), **kw)
+                        step(model, cache, state, wv, it, w, config, TokenRule(), **kw)
                         t2 = time.perf_counter()
                         if r >= 2:
                             times[w, "f"].append(t1 - t0)
@@ -88,7 +92,7 @@ def main():
             wv = torch.full((S,), w)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(10):
-                    jacobi_step(model, cache, state, wv, u, it, w, config, TokenRule(), **kw)
+                    jacobi_step(model, cache, state, wv, it, w, config, TokenRule(), **kw)
             fam, total, ops = defaultdict(float), 0.0, 0
             for e in prof.key_averages():
                 name = e.key.lower()

@@ -43,6 +43,22 @@ def ar_decode_step(model, cache, tok: torch.Tensor, pos: torch.Tensor, u: torch.
     return token_step(logits, u, cfg, apply_cfg, cfg_scale, temperature, top_k, top_p, gkey)
 
 
+def ar_loop_step(model, cache, tokens: torch.Tensor, logp: torch.Tensor, u: torch.Tensor, gkeys: torch.Tensor | None,
+                 t: torch.Tensor, cfg: bool, apply_cfg: bool, cfg_scale: float, temperature: float, top_k: int,
+                 top_p: float) -> None:
+    """AR's loop step with its state in place: advance the token counter ``t`` (a 0-d tensor), feed token t - 1 of
+    ``tokens`` (B, L) at its position and draw token t (:func:`ar_decode_step`, with column t of the uniforms ``u``
+    (B, L) or of the Gumbel keys ``gkeys`` (B, L)) into ``tokens`` and ``logp`` (B, L). Nothing is returned: on CUDA
+    these tensors are static addresses, so a replay of the compiled step copies nothing in or out."""
+    t.add_(1)
+    i = t.view(1)  # a tensor index: no host read
+    gkey = None if gkeys is None else gkeys.index_select(1, i)[:, 0]
+    tok, lp = ar_decode_step(model, cache, tokens.index_select(1, i - 1), model.cond_len + i - 1,
+                             u.index_select(1, i)[:, 0], cfg, apply_cfg, cfg_scale, temperature, top_k, top_p, gkey)
+    tokens.index_copy_(1, i, tok[:, None])
+    logp.index_copy_(1, i, lp[:, None])
+
+
 # Inductor options for a CPU decode step (per compile, not global): ``cpp_wrapper`` drives the kernels from C++
 # instead of Python. Not ``freezing`` (weights folded into the graph as constants): it bypasses AOTAutograd's
 # on-disk cache, so a later process compiles again instead of loading (docs/compile.md has the measurements).

@@ -25,12 +25,36 @@ import weakref
 import torch
 
 
-def _static(t: torch.Tensor) -> torch.Tensor:
-    """Mark ``t`` a static input of compiled graphs (CUDA graphs record its address; ``guard=False``: another
-    tensor there is re-recorded, not recompiled)."""
-    import torch._dynamo
-    torch._dynamo.mark_static_address(t, guard=False)
+def static(t: torch.Tensor) -> torch.Tensor:
+    """On a static device (:data:`STATIC_DEVICES`), mark ``t`` a static input of compiled graphs (CUDA graphs record
+    its address and read and update it in place, never copying it in; ``guard=False``: another tensor there is
+    re-recorded, not recompiled). Elsewhere ``t`` is left as it is. Returns ``t``."""
+    if t.device.type in STATIC_DEVICES:
+        import torch._dynamo
+        torch._dynamo.mark_static_address(t, guard=False)
     return t
+
+
+def static_all(obj, _seen: set | None = None):
+    """:func:`static` on every tensor reachable from ``obj`` (through tuples, lists, dicts and plain objects'
+    attributes: a draft source's ``step_args``, such as a tree's index tables); a module's parameters and buffers are
+    a compiled graph's static inputs already and are not walked. Returns ``obj``."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or isinstance(obj, (torch.nn.Module, type, str, bytes, int, float)) or obj is None:
+        return obj
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        static(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            static_all(v, seen)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            static_all(v, seen)
+    elif hasattr(obj, "__dict__") and not callable(obj):
+        for v in vars(obj).values():
+            static_all(v, seen)
+    return obj
 
 
 # CUDA caches of the last POOL_SHAPES shapes, for reuse: a sampler call makes a new cache, and a new address would
@@ -38,26 +62,56 @@ def _static(t: torch.Tensor) -> torch.Tensor:
 # the next cache of the same shape once their holder is gone (never to two live caches). Keys and values are not
 # cleared: every slot a query reads is written first in its own run (the masks say which).
 POOL_SHAPES = 4
+POOL_PER_KEY = 4  # tensors of one shape pooled at once (live together in one run: a target's and its draft's caches)
 STATIC_DEVICES = ("cuda",)  # device types whose caches are static addresses and pooled
-_POOL: dict[tuple, tuple[weakref.ref, tuple]] = {}
+_POOL: dict[tuple, list[list]] = {}  # key -> [[weak reference to the holder, tensors], ...]
 
 
-def _reuse(key: tuple, owner) -> tuple | None:
-    entry = _POOL.get(key)
-    if entry is None or entry[0]() is not None:  # none pooled, or its holder is still alive
-        return None
-    _POOL.pop(key)
-    _POOL[key] = (weakref.ref(owner), entry[1])  # most recent last
-    return entry[1]
+# A decode loop's own state on a static device (a speculative run's slot state, ZipAR's buffers), pooled the same way
+# by name, shape and dtype: the next run's compiled steps replay the graphs recorded with these addresses.
+POOL_BUFFERS = 64
+_BUFFERS: dict[tuple, list[list]] = {}
 
 
-def _keep(key: tuple, owner, tensors: tuple) -> None:
-    if key in _POOL and _POOL[key][0]() is not None:
-        return  # the pooled one is in use: this one stays unpooled
-    _POOL.pop(key, None)
-    _POOL[key] = (weakref.ref(owner), tensors)
-    while len(_POOL) > POOL_SHAPES:
-        _POOL.pop(next(iter(_POOL)))
+def _reuse(key: tuple, owner, pool: dict | None = None) -> tuple | None:
+    """Tensors pooled under ``key`` whose holder is gone (the first such, in the order they were pooled), now held by
+    ``owner``; None if every one is in use."""
+    pool = _POOL if pool is None else pool
+    for entry in pool.get(key, ()):
+        if entry[0]() is None:
+            entry[0] = weakref.ref(owner)
+            pool[key] = pool.pop(key)  # most recent last
+            return entry[1]
+    return None
+
+
+def _keep(key: tuple, owner, tensors: tuple, pool: dict | None = None, size: int = POOL_SHAPES) -> None:
+    """Pool ``tensors`` (held by ``owner``) under ``key``: several per key (a draft model's cache has its target's
+    shape), at most :data:`POOL_PER_KEY`; at most ``size`` keys, the least recent dropped."""
+    pool = _POOL if pool is None else pool
+    entries = pool.pop(key, [])
+    if len(entries) < POOL_PER_KEY:
+        entries.append([weakref.ref(owner), tensors])
+    pool[key] = entries
+    while len(pool) > size:
+        pool.pop(next(iter(pool)))
+
+
+def static_buffer(owner, name: str, shape: tuple, dtype: torch.dtype, device, fill=0) -> torch.Tensor:
+    """A tensor filled with ``fill`` for the lifetime of ``owner`` (a run: any object a weak reference can point
+    to). On a static device it is a static address: the one a finished holder of the same ``name``, shape and dtype
+    left, if any (so the next run's compiled steps replay the CUDA graphs recorded with it), else a new one, pooled
+    (at most :data:`POOL_BUFFERS`). Elsewhere a new tensor."""
+    device = torch.device(device)
+    if device.type not in STATIC_DEVICES:
+        return torch.full(tuple(shape), fill, dtype=dtype, device=device)
+    key = (name, tuple(shape), dtype, device)
+    held = _reuse(key, owner, _BUFFERS)
+    if held is not None:
+        return held[0].fill_(fill)
+    t = static(torch.full(tuple(shape), fill, dtype=dtype, device=device))
+    _keep(key, owner, (t,), _BUFFERS, POOL_BUFFERS)
+    return t
 
 
 class KVCache:
@@ -81,7 +135,7 @@ class KVCache:
             if self.static:
                 self._mask = torch.ones((batch_size, max_len), dtype=torch.bool, device=device)
                 for t in (*self.k, *self.v, self.slots, self.rows, self._mask):
-                    _static(t)
+                    static(t)
                 _keep(key, self, (self.k, self.v, self.slots, self.rows, self._mask))
         self.max_len = max_len
         self.batch_size = batch_size

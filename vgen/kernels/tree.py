@@ -20,6 +20,7 @@ min(1, r_i(x) / q_i(x)) every decided token has the target's distribution: rejec
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -188,3 +189,15 @@ def _residual(r: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     d = (r - q).clamp_min(0)
     s = d.sum(-1, keepdim=True)
     return torch.where(s > 0, d / s.clamp_min(1e-30), r)
+
+
+def static_tree(paths: tuple[tuple[int, ...], ...], device: torch.device) -> StaticTree:
+    """:meth:`StaticTree.build`, once per tree and device: every run's compiled step reads the same tables (static
+    addresses on CUDA, so the recorded graphs replay). Treat it as read-only."""
+    from vgen.kernels.kv_cache import static_all
+    return static_all(_built(tuple(paths), torch.device(device)))
+
+
+@functools.lru_cache(maxsize=32)
+def _built(paths, device) -> StaticTree:
+    return StaticTree.build(paths, device)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from vgen.kernels.decode import ar_decode_step, compiled, token_step
+from vgen.kernels.decode import ar_loop_step, compiled, token_step
 from vgen.kernels.gumbel import gumbel_keys
+from vgen.kernels.kv_cache import static_buffer
 from vgen.kernels.sampling import per_sample_uniforms
 from vgen.samplers.base import Sampler, SamplingOptions, option, register_sampler
 
@@ -41,17 +42,16 @@ class ARSampler(Sampler):
         cfg = o.guided
         cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
         cache = model.new_cache(cond_in.shape[0])
-        u = per_sample_uniforms(seeds, (L,), dev)
-        us = [c.clone() for c in u.t()]
-        pos = torch.arange(model.cond_len, model.cond_len + L, device=dev)
-        positions = [pos[t:t + 1] for t in range(L)]  # views: no host-to-device copy inside the loop
-        step = compiled(ar_decode_step, device=dev.type) if o.compile else ar_decode_step
+        step = compiled(ar_loop_step, device=dev.type) if o.compile else ar_loop_step
         kw = dict(cfg=cfg, cfg_scale=o.cfg_scale, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
-        # draw=gumbel: the draw at token t uses the noise of (seed, t), from its position keys (B,) per step
-        gk = [c.clone() for c in gumbel_keys(seeds, L, dev).t()] if o.draw == "gumbel" else [None] * L
-
-        tokens = torch.empty((B, L), dtype=torch.long, device=dev)
-        logp = torch.empty((B, L), dtype=torch.float32, device=dev)
+        # the loop's state, read and written in place by every step (static addresses on CUDA, pooled for the next
+        # run's replays): tokens, their log-probabilities, each sample's uniforms (or, with draw=gumbel, the
+        # position keys: the draw at token t uses the noise of (seed, t)) and the token counter
+        tokens = static_buffer(cache, "ar.tokens", (B, L), torch.long, dev)
+        logp = static_buffer(cache, "ar.logp", (B, L), torch.float32, dev)
+        u = static_buffer(cache, "ar.u", (B, L), torch.float32, dev).copy_(per_sample_uniforms(seeds, (L,), dev))
+        gk = (static_buffer(cache, "ar.gkeys", (B, L), torch.long, dev).copy_(gumbel_keys(seeds, L, dev))
+              if o.draw == "gumbel" else None)
         # attention reads the filled prefix only (bucketed when compiled: one graph per bucket)
         visible = [cache.bucket(model.cond_len + t) if o.compile else model.cond_len + t for t in range(L)]
         if not o.prefix_attention:
@@ -64,15 +64,15 @@ class ARSampler(Sampler):
             cache.limit(model.cond_len + P if o.prefix_attention else None)
             x = torch.cat([prefix, prefix]) if cfg else prefix
             logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + P, device=dev), cache)[:, -1]
-        tok, lp = token_step(logits, us[P], apply_cfg=o.cfg_interval < 0 or P <= o.cfg_interval + 1, gkey=gk[P],
-                             **kw)
+        tok, lp = token_step(logits, u[:, P], apply_cfg=o.cfg_interval < 0 or P <= o.cfg_interval + 1,
+                             gkey=None if gk is None else gk[:, P], **kw)
         tokens[:, P], logp[:, P] = tok, lp
+        counter = static_buffer(cache, "ar.t", (), torch.long, dev, fill=P)  # the last token drawn
         for t in tqdm(range(P + 1, L), disable=not progress, desc="ar", leave=False):
-            apply_cfg = o.cfg_interval < 0 or t <= o.cfg_interval + 1
             cache.limit(visible[t])
-            tok, lp = step(model, cache, tok[:, None], positions[t - 1], us[t], apply_cfg=apply_cfg, gkey=gk[t],
-                           **kw)
-            tokens[:, t], logp[:, t] = tok, lp
+            step(model, cache, tokens, logp, u, gk, counter, apply_cfg=o.cfg_interval < 0 or t <= o.cfg_interval + 1,
+                 **kw)
+        tokens, logp = tokens.clone(), logp.clone()  # the caller's own (the buffers go to the next run)
         nll = float(-logp[:, P:].mean())
         step_map = (torch.arange(L, device=dev) - P + int(P > 0)).clamp_min(0)
         stats = {"forward_passes": L - P + int(P > 0), "tokens": B * (L - P), "seconds": time.perf_counter() - t0,

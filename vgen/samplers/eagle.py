@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from vgen.errors import VGenError
 from vgen.interfaces import FeatureModel, ModelSpec, satisfies
-from vgen.kernels.tree import StaticTree, parse_tree
+from vgen.kernels.tree import parse_tree, static_tree
 from vgen.models.drafter import Drafter
 from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
@@ -102,7 +102,7 @@ class EagleSampler(SpeculativeSampler):
     def draft_source(self, model, config: StepConfig, slots: int, draft=None):
         o = self.options
         if o.tree:
-            tree = StaticTree.build(parse_tree(o.tree), next(model.parameters()).device)
+            tree = static_tree(parse_tree(o.tree), next(model.parameters()).device)
             return HeadTree(model, config, draft, slots, tree, o.children)
         return HeadChain(model, config, draft, slots)
 

@@ -10,11 +10,15 @@ them (a maximal coupling, as ``scd``'s ``coupling=maximal``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
+
+import torch
 
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
-from vgen.kernels.tree import StaticTree
+from vgen.kernels.kv_cache import static_all
+from vgen.kernels.tree import static_tree
 from vgen.samplers.base import option, register_sampler
 from vgen.samplers.speculative import SpeculativeOptions, SpeculativeSampler
 from vgen.samplers.speculative.jacobi import FRESH_Q, INITS, check_init
@@ -48,6 +52,17 @@ class PacOptions(SpeculativeOptions):
         check_init(self.init, spec)
 
 
+def pac_tables(window: int, width: int, depth: int, device: torch.device) -> PacTables:
+    """A tree's tables, once per shape and device (the same tensors at every run: on CUDA static addresses, so the
+    recorded graphs replay). Read-only."""
+    return static_all(_pac_tables(window, width, depth, torch.device(device)))
+
+
+@functools.lru_cache(maxsize=32)
+def _pac_tables(window: int, width: int, depth: int, device: torch.device) -> PacTables:
+    return PacTables(static_tree(pac_paths(window, width, depth), device), width, depth, device)
+
+
 @register_sampler
 class PacSampler(SpeculativeSampler):
     """``sampler=pac``: proactive draft trees (:class:`~vgen.samplers.speculative.pac.PacTree`) verified exactly by
@@ -57,9 +72,7 @@ class PacSampler(SpeculativeSampler):
 
     def tables(self, model, window: int) -> PacTables:
         o = self.options
-        device = next(model.parameters()).device
-        tree = StaticTree.build(pac_paths(window, o.tree_width, o.tree_depth), device)
-        return PacTables(tree, o.tree_width, o.tree_depth, device)
+        return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device)
 
     def step_config(self, model, widest: int) -> StepConfig:
         t = self.tables(model, widest)

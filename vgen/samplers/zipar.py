@@ -23,6 +23,7 @@ run its own Jacobi window, verified against ZipAR's conditionals: not built).
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.decode import compiled, token_step
+from vgen.kernels.kv_cache import static, static_buffer
 from vgen.kernels.sampling import per_sample_uniforms
 from vgen.kernels.verify import window_target
 from vgen.samplers.base import Sampler, SamplingOptions, option, register_sampler
@@ -84,9 +86,14 @@ def plan(rows: int, width: int, window: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def zipar_step(model, cache, tokens, logp, smap, src, at, dst, passes, u, t, cfg: bool, cfg_interval: int,
-               cfg_scale: float, temperature: float, top_k: int, top_p: float):
-    """One pass: feed ``tokens[:, src]`` at raster positions ``at`` (S,), under the mask of what is decided
-    before pass ``t``; draw the tokens ``dst`` (S,; -1 = none) with their uniforms. Returns tokens, logp, smap."""
+               cfg_scale: float, temperature: float, top_k: int, top_p: float) -> None:
+    """One pass, in place: advance the pass counter ``t`` (a 0-d tensor), feed ``tokens[:, src[t - 1]]`` at raster
+    positions ``at[t - 1]`` (S,), under the mask of what is decided before pass ``t``; draw the tokens ``dst[t - 1]``
+    (S,; -1 = none) with their uniforms, written into ``tokens``, ``logp`` and ``smap`` where they lie (the plan's
+    tables and the buffers are the step's only tensors: static addresses on CUDA, nothing copied in or out)."""
+    t.add_(1)
+    i = (t - 1).view(1)  # a tensor index (not a scalar: no host read)
+    src, at, dst = src[i][0], at[i][0], dst[i][0]
     x = tokens[:, src]
     if cfg:
         x = torch.cat([x, x])
@@ -100,10 +107,23 @@ def zipar_step(model, cache, tokens, logp, smap, src, at, dst, passes, u, t, cfg
     apply_cfg = True if cfg_interval < 0 else d <= cfg_interval + 1
     tok, lp = token_step(logits, u[:, d], cfg, apply_cfg, cfg_scale, temperature, top_k, top_p)
     idx = d.expand(tokens.shape[0], -1)
-    tokens = tokens.scatter(1, idx, torch.where(ok, tok, tokens.gather(1, idx)))
-    logp = logp.scatter(1, idx, torch.where(ok, lp, logp.gather(1, idx)))
-    smap = smap.scatter(1, idx, torch.where(ok, t, smap.gather(1, idx)))
-    return tokens, logp, smap
+    new_t = torch.where(ok, tok, tokens.gather(1, idx))
+    new_lp = torch.where(ok, lp, logp.gather(1, idx))
+    new_s = torch.where(ok, t, smap.gather(1, idx))
+    tokens.scatter_(1, idx, new_t)
+    logp.scatter_(1, idx, new_lp)
+    smap.scatter_(1, idx, new_s)
+
+
+def plan_tables(rows: int, width: int, window: int, device: torch.device):
+    """(:func:`schedule`, then :func:`plan`'s src, at, dst) on ``device``, once per shape: every run's compiled step
+    reads the same tensors (static addresses on CUDA: the recorded graphs replay). Read-only."""
+    return tuple(static(x) for x in _plan_tables(rows, width, window, torch.device(device)))
+
+
+@functools.lru_cache(maxsize=16)
+def _plan_tables(rows: int, width: int, window: int, device: torch.device):
+    return tuple(x.to(device) for x in (schedule(rows, width, window), *plan(rows, width, window)))
 
 
 @register_sampler
@@ -117,8 +137,7 @@ class ZipARSampler(Sampler):
         B, L, dev = cond.shape[0], model.seq_len, cond.device
         width = model.token_shape[-1]
         rows = L // width
-        passes = schedule(rows, width, o.window).to(dev)
-        src, at, dst = (x.to(dev) for x in plan(rows, width, o.window))
+        passes, src, at, dst = plan_tables(rows, width, o.window, dev)
         cfg = o.guided
         cond_in = torch.cat([cond, model.null_cond(cond)]) if cfg else cond
         cache = model.new_cache(cond_in.shape[0])
@@ -127,21 +146,23 @@ class ZipARSampler(Sampler):
         kw = dict(cfg=cfg, cfg_interval=o.cfg_interval, cfg_scale=o.cfg_scale, temperature=o.temperature,
                   top_k=o.top_k, top_p=o.top_p)
 
-        tokens = torch.zeros((B, L), dtype=torch.long, device=dev)
-        logp = torch.zeros((B, L), dtype=torch.float32, device=dev)
-        smap = torch.zeros((B, L), dtype=torch.long, device=dev)
+        # what every pass reads and writes in place (static addresses on CUDA, pooled for the next run's replays)
+        tokens = static_buffer(cache, "zipar.tokens", (B, L), torch.long, dev)
+        logp = static_buffer(cache, "zipar.logp", (B, L), torch.float32, dev)
+        smap = static_buffer(cache, "zipar.smap", (B, L), torch.long, dev)
+        counter = static_buffer(cache, "zipar.pass", (), torch.long, dev)  # the pass counter the step advances
+        u = static_buffer(cache, "zipar.u", (B, L), torch.float32, dev).copy_(u)
         cache.limit(model.cond_len if o.prefix_attention else None)
         tok, lp = token_step(model.prefill(cond_in, cache)[:, None], u[:, :1], cfg, True, o.cfg_scale,
                              o.temperature, o.top_k, o.top_p)
         tokens[:, :1], logp[:, :1] = tok, lp
         last = at.max(1).values.tolist()  # the furthest slot each pass writes: attention reads up to it
-        ts = torch.arange(1, src.shape[0] + 1, device=dev)  # each pass's index, on the device before the loop
         for t in tqdm(range(1, src.shape[0] + 1), disable=not progress, desc="zipar", leave=False):
             seen = model.cond_len + last[t - 1] + 1
             cache.limit((cache.bucket(seen) if o.compile else seen) if o.prefix_attention else None)
-            tokens, logp, smap = step(model, cache, tokens, logp, smap, src[t - 1], at[t - 1], dst[t - 1], passes,
-                                      u, ts[t - 1], **kw)
+            step(model, cache, tokens, logp, smap, src, at, dst, passes, u, counter, **kw)
         n = src.shape[0] + 1
+        tokens, smap = tokens.clone(), smap.clone()  # the caller's own (the buffers go to the next run)
         stats = {"forward_passes": n, "tokens": B * L, "kv_cache_bytes": cache.nbytes, "accepted_per_step": L / n,
                  "step_map": smap}
         if o.score:  # AR's log-probabilities of these tokens: token 0's from the prefill (unchanged), the rest here

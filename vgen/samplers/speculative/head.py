@@ -99,10 +99,10 @@ def draft_chain(model, drafter: InferenceHead, dcache, g, nxt, uf, L: int, cfg: 
                                          model.vocab_size)
 
 
-def chain_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+def chain_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
     """One pass of the head's chain (:func:`~vgen.samplers.speculative.step.speculative_step` with
     :class:`HeadChain`'s hooks)."""
-    return speculative_step(HeadChain, model, cache, s, wv, u, it, W, c, rule, **args)
+    speculative_step(HeadChain, model, cache, s, wv, it, W, c, rule, **args)
 
 
 def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, uf, L: int, cfg: bool, sampling: dict,
@@ -149,10 +149,10 @@ def draft_tree(model, drafter: InferenceHead, dcache, tree: StaticTree, g, nxt, 
     return f, qn
 
 
-def tree_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+def tree_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
     """One pass of the head's tree (:func:`~vgen.samplers.speculative.step.speculative_step` with
     :class:`HeadTree`'s hooks)."""
-    return speculative_step(HeadTree, model, cache, s, wv, u, it, W, c, rule, **args)
+    speculative_step(HeadTree, model, cache, s, wv, it, W, c, rule, **args)
 
 
 def accepted_by_depth(step_map: torch.Tensor, depth: int) -> list[float]:

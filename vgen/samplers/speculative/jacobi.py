@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from vgen.errors import VGenError
 from vgen.interfaces import ModelSpec
 from vgen.kernels.gumbel import gumbel_draw, gumbel_keys
+from vgen.kernels.kv_cache import static_buffer
 from vgen.kernels.sampling import sample_from_probs
 from vgen.kernels.verify import gather_rows, maximal_coupling, verify
 from vgen.samplers.base import Options, option
@@ -107,10 +108,10 @@ def fresh_drafts(tokens: torch.Tensor, last: torch.Tensor, p_last: torch.Tensor,
     return f, F.one_hot(f, V).to(p_last.dtype) if with_q else None
 
 
-def jacobi_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+def jacobi_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
     """One pass of the Jacobi source (:func:`~vgen.samplers.speculative.step.speculative_step` with
     :class:`JacobiDrafts`' hooks)."""
-    return speculative_step(JacobiDrafts, model, cache, s, wv, u, it, W, c, rule, **args)
+    speculative_step(JacobiDrafts, model, cache, s, wv, it, W, c, rule, **args)
 
 
 class JacobiDrafts(Chain):
@@ -174,8 +175,8 @@ class JacobiDrafts(Chain):
         self.gumbel = options.coupling == "gumbel"
         self.step_args = dict(init=self.init, fresh_q=self.fresh_q, coupling=self.coupling)
         if self.gumbel:  # each slot's sample's position keys (refilled with the slot)
-            self.step_args["gkeys"] = torch.zeros((slots, self.buffer), dtype=torch.long,
-                                                  device=next(model.parameters()).device)
+            self.step_args["gkeys"] = static_buffer(self, "jacobi.gkeys", (slots, self.buffer), torch.long,
+                                             next(model.parameters()).device)
 
     @property
     def buffer(self) -> int:

@@ -38,10 +38,10 @@ class AsHead:
         return self.dmodel.decode(x, pos, dcache)
 
 
-def model_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+def model_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
     """One pass of a draft model's chain (:func:`~vgen.samplers.speculative.step.speculative_step` with
     :class:`ModelChain`'s hooks)."""
-    return speculative_step(ModelChain, model, cache, s, wv, u, it, W, c, rule, **args)
+    speculative_step(ModelChain, model, cache, s, wv, it, W, c, rule, **args)
 
 
 class ModelChain(Chain):

@@ -100,10 +100,10 @@ def candidates(base: torch.Tensor, rank0: torch.Tensor, u: torch.Tensor, t: PacT
     return toks.flatten(1)[:, flat], props.flatten(1, 2)[:, flat]
 
 
-def pac_step(model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule, **args) -> SlotState:
+def pac_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
     """One pass of the proactive tree (:func:`~vgen.samplers.speculative.step.speculative_step` with
     :class:`PacTree`'s hooks)."""
-    return speculative_step(PacTree, model, cache, s, wv, u, it, W, c, rule, **args)
+    speculative_step(PacTree, model, cache, s, wv, it, W, c, rule, **args)
 
 
 class PacTree(Chain):

@@ -30,15 +30,16 @@ import torch
 from tqdm.auto import tqdm
 
 from vgen.kernels.decode import compiled
+from vgen.kernels.kv_cache import static_all, static_buffer
 from vgen.kernels.sampling import per_sample_uniforms
 from vgen.samplers.speculative.step import SlotState, StepConfig
 
 LAG_DEVICES = ("cuda",)  # device types whose fixed-window runs read the counts one pass behind (module docstring)
 
 class DraftSource(Protocol):
-    """Where a run's drafts come from, and the pass that checks them: ``step_fn(model, cache, state, wv, u, it, W,
-    config, rule, **step_args) -> state``, a plain module-level function (one compiled graph serves every run) that
-    runs :func:`~vgen.samplers.speculative.step.speculative_step` with the source's
+    """Where a run's drafts come from, and the pass that checks them: ``step_fn(model, cache, state, wv, it, W,
+    config, rule, **step_args)``, a plain module-level function (one compiled graph serves every run) that updates
+    the state in place and returns nothing: it runs :func:`~vgen.samplers.speculative.step.speculative_step` with the source's
     :class:`~vgen.samplers.speculative.step.PassHooks`. A chain source starts from
     :class:`~vgen.samplers.speculative.step.Chain`."""
     step_fn: Callable
@@ -130,12 +131,10 @@ class SlotRun:
         self.step = compiled(source.step_fn, device=dev.type) if self.compile else source.step_fn
         self.cache = source.new_cache(model, 2 * S if c.cfg else S)
         self.P = 0 if prefix is None else prefix.shape[1]
-        self.st = SlotState.empty(S, self.L, D, model.vocab_size, dev)
-        self.u = torch.zeros((S, self.L, c.uniform_width), device=dev)
+        self.st = SlotState.empty(S, c, model.vocab_size, dev, owner=self)  # read and updated in place by every pass
+        static_all(source.step_args)  # the source's tables and per-slot state: read in place too
         self.slot_cond = cond[:1].expand(S, *cond.shape[1:]).clone()
         self.owner = [-1] * S  # sample index held by each slot
-        self.start = torch.zeros(S, dtype=torch.long, device=dev)  # iteration at which each slot was prefilled
-        self.slot_rows = torch.arange(S, device=dev)
         self.out_tokens = torch.zeros((self.N, self.L), dtype=torch.long, device=dev)
         self.out_smap = torch.zeros((self.N, self.L), dtype=torch.long, device=dev)
         self.out_logp = torch.zeros((self.N, self.L), dtype=torch.float32, device=dev)
@@ -147,8 +146,10 @@ class SlotRun:
         self.collected_ids = []  # the samples collected, in order
         self.next_sample, self.it = 0, 0
         self.fill(list(range(S)))
-        self.wv = torch.full((S,), self.Wmax, dtype=torch.long, device=dev)
-        self.it_dev = torch.zeros((), dtype=torch.long, device=dev)  # the iteration, counted on the device
+        # each slot's width (fixed window: Wmax throughout; else uploaded into it before each pass) and the pass
+        # counter, which the step advances: static addresses like the state
+        self.wv = static_buffer(self, "slot_state.wv", (S,), torch.long, dev, fill=self.Wmax)
+        self.it_dev = static_buffer(self, "slot_state.it", (), torch.long, dev)
         self.lag = dev.type in LAG_DEVICES and self.new_policy is None
         if self.lag:  # positions are known one pass late, so every pass reads the whole cache (launch)
             cuda = dev.type == "cuda"
@@ -159,14 +160,14 @@ class SlotRun:
         """Prefill the next samples into ``slots`` (one prefill pass over every row: the other rows recompute their
         own condition's keys and values, unchanged)."""
         model, source, c, S, L, P, D, dev = self.model, self.source, self.c, self.S, self.L, self.P, self.c.D, self.dev
-        tokens, n, qwin, logp, smap, counts = self.st
+        tokens, n, qwin, logp, smap, counts, u, start = self.st
         idx = torch.tensor(slots, device=dev)
-        self.start[idx] = self.it
+        start[idx] = self.it
         for b in slots:
             i = self.next_sample
             self.owner[b], self.policies[b] = i, None
             self.slot_cond[b] = self.cond[i]
-            self.u[b] = per_sample_uniforms([self.seeds[i]], (L, c.uniform_width), dev, stream=1)[0]
+            u[b] = per_sample_uniforms([self.seeds[i]], (L, c.uniform_width), dev, stream=1)[0]
             source.fill(b, self.seeds[i])
             self.next_sample += 1
         cond_in = torch.cat([self.slot_cond, model.null_cond(self.slot_cond)]) if c.cfg else self.slot_cond
@@ -186,7 +187,7 @@ class SlotRun:
             feats = None if feats is None else torch.cat([feats, more], 1)
             self.prefills += 1
         p0 = c.target(logits, first[:, None])[:, 0]
-        _, ur, _, uf, _ = c.uniforms(self.u[:, 0])
+        _, ur, _, uf, _ = c.uniforms(u[:, 0])
         t_new[:, P] = source.first_token(p0, ur[:, 0], P)
         refilled = torch.zeros(S, dtype=torch.bool, device=dev)
         refilled[idx] = True
@@ -199,20 +200,17 @@ class SlotRun:
         qwin[idx] = q_new[idx].to(qwin.dtype)
         n[idx] = P + 1
         counts[idx] = 0
-        self.st = SlotState(tokens, n, qwin, logp, smap, counts)
 
     def active(self) -> int:
         return sum(ow >= 0 for ow in self.owner)
 
     def launch(self, W: int) -> None:
-        """Queue the next pass over every slot at width W."""
+        """Queue the next pass over every slot at width W (it advances the state and the device's pass counter in
+        place)."""
         self.it += 1
         if self.lag:
             self.cache.limit(None)  # (a refill's prefill limited it)
-        ui = self.u[self.slot_rows, (self.it - self.start).clamp(0, self.L - 1)]  # each sample's own step's uniforms
-        self.it_dev.add_(1)
-        self.st = self.step(self.model, self.cache, self.st, self.wv, ui, self.it_dev, W, self.c, self.rule,
-                            **self.source.step_args)
+        self.step(self.model, self.cache, self.st, self.wv, self.it_dev, W, self.c, self.rule, **self.source.step_args)
 
     def read(self) -> list[list[int]]:
         """Every slot's decided count and running counts, read now."""
@@ -247,7 +245,7 @@ class SlotRun:
         for b in finished:
             i = self.owner[b]
             self.out_tokens[i], self.out_logp[i] = st.tokens[b, :L], st.logp[b, :L]
-            self.out_smap[i] = st.smap[b, :L] - self.start[b]
+            self.out_smap[i] = st.smap[b, :L] - st.start[b]
             self.collected_ids.append(i)
             cb = host[b][1:]
             self.passes[i] = cb[0] + 1 + int(P > 0)  # its passes and its prefill (and prefix pass)
@@ -289,8 +287,8 @@ class SlotRun:
         self.width_sum, self.width_n = self.width_sum + sum(act), self.width_n + len(act)
         seen = self.model.cond_len + min(L - 1, front + W - 2) + 1
         self.cache.limit((self.cache.bucket(seen) if self.compile else seen) if self.limit else None)
-        if self.new_policy is not None:  # fixed window: wv stays all Wmax; else an asynchronous upload
-            self.wv = torch.as_tensor(self.widths).to(self.dev, non_blocking=True).clamp_max(W)
+        if self.new_policy is not None:  # fixed window: wv stays all Wmax; else an upload into its buffer
+            self.wv.copy_(torch.as_tensor(self.widths).clamp_max(W), non_blocking=True)
         return W
 
     def stats(self, n_host: list[int], cut: bool) -> dict:
@@ -307,6 +305,6 @@ class SlotRun:
         if cut:
             for b in range(self.S):
                 if self.owner[b] >= 0:
-                    part = pass_histogram((self.st.smap[b, :n_host[b]] - self.start[b])[None], Wmax)
+                    part = pass_histogram((self.st.smap[b, :n_host[b]] - self.st.start[b])[None], Wmax)
                     stats["pass_histogram"] = [x + y for x, y in zip(stats["pass_histogram"], part)]
         return stats

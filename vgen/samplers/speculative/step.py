@@ -7,6 +7,12 @@ window, a tree's depths), how the target is read (logits alone, hidden states to
 fed drafts are decided (the rule over a chain, Jacobi's redraws after a rejection, a tree's paths) and what it
 proposes next. The hooks are static methods, so a source's step function (``step_fn``) is a two-line module-level
 function, compiled once per source and shared by every run.
+
+The step's state lives in place (gpt-fast's way): :class:`SlotState` holds every tensor a pass reads and writes (the
+tokens and drafts, their distributions, log-probabilities, step map, counts, each slot's uniforms), the pass counter
+is a device scalar it advances, and the step writes its results over them and returns nothing. On a static device
+(CUDA) every one of them is a static address, so a compiled step is one recorded CUDA graph whose inputs are never
+copied in and whose outputs are never cloned out: the host launches it and reads the counts.
 """
 from __future__ import annotations
 
@@ -63,23 +69,45 @@ def buffer_length(L: int, D: int) -> int:
 
 
 class SlotState(NamedTuple):
+    """The slots' state on the device: what the step reads and updates in place (on a static device, every tensor
+    is a static address: the step runs as one recorded CUDA graph, with nothing copied in or out)."""
     tokens: torch.Tensor   # (S, buffer) long: decided tokens, then drafts
     n: torch.Tensor        # (S,) long: tokens decided (L: finished or empty)
     qwin: torch.Tensor     # (S, D, V): the drafts' distributions
     logp: torch.Tensor     # (S, buffer): log-probability of each decided token under the target
     smap: torch.Tensor     # (S, buffer) long: the pass that decided each token
     counts: torch.Tensor   # (S, 3) long: passes, drafts checked, drafts accepted
+    u: torch.Tensor        # (S, L, uniform_width): each slot's sample's uniforms, one row per pass of that sample
+    start: torch.Tensor    # (S,) long: the pass at which each slot's sample was prefilled (its rows of u count from it)
 
     @classmethod
-    def empty(cls, slots: int, L: int, D: int, vocab_size: int, device, n: torch.Tensor | None = None) -> SlotState:
-        """A state of ``slots`` slots (n: L, finished, unless given), buffers :func:`buffer_length` long."""
-        B = buffer_length(L, D)
-        return cls(torch.zeros((slots, B), dtype=torch.long, device=device),
-                   torch.full((slots,), L, dtype=torch.long, device=device) if n is None else n,
-                   torch.zeros((slots, D, vocab_size), device=device),
-                   torch.zeros((slots, B), dtype=torch.float32, device=device),
-                   torch.zeros((slots, B), dtype=torch.long, device=device),
-                   torch.zeros((slots, 3), dtype=torch.long, device=device))
+    def empty(cls, slots: int, c: StepConfig, vocab_size: int, device, n: torch.Tensor | None = None,
+              owner=None) -> SlotState:
+        """A state of ``slots`` slots for a run of ``c`` (n: L, finished, unless given), buffers
+        :func:`buffer_length` long. On a static device every tensor is a static address, pooled for ``owner``'s
+        lifetime (:func:`vgen.kernels.kv_cache.static_buffer`: the next run replays the recorded graphs)."""
+        from vgen.kernels.kv_cache import static, static_buffer
+        B, L, D = buffer_length(c.L, c.D), c.L, c.D
+        shapes = {"tokens": ((slots, B), torch.long), "n": ((slots,), torch.long),
+                  "qwin": ((slots, D, vocab_size), torch.float32), "logp": ((slots, B), torch.float32),
+                  "smap": ((slots, B), torch.long), "counts": ((slots, 3), torch.long),
+                  "u": ((slots, L, c.uniform_width), torch.float32), "start": ((slots,), torch.long)}
+        if owner is None:
+            st = cls(*(static(torch.zeros(shape, dtype=dt, device=device)) for shape, dt in shapes.values()))
+        else:
+            st = cls(*(static_buffer(owner, f"slot_state.{k}", shape, dt, device) for k, (shape, dt) in shapes.items()))
+        if n is None:
+            st.n.fill_(L)
+        else:
+            st.n.copy_(n)
+        return st
+
+    def store(self, tokens, n, qwin, logp, smap, counts) -> None:
+        """A pass's results written over this state, in place (the step's only outputs; eager, the copies cost about
+        2% of a pass on photos-gpt)."""
+        for dst, src in zip(self, (tokens, n, qwin, logp, smap, counts)):
+            if dst is not src:
+                dst.copy_(src)
 
 
 class Verdict(NamedTuple):
@@ -121,13 +149,16 @@ class PassHooks(Protocol):
         """(B,) the widest pass each slot ran: the drafts it checked are at most this minus one."""
 
 
-def speculative_step(hooks: type[PassHooks], model, cache, s: SlotState, wv, u, it, W: int, c: StepConfig, rule,
-                     **args) -> SlotState:
+def speculative_step(hooks: type[PassHooks], model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule,
+                     **args) -> None:
     """One forward pass of width W for every slot: target pass -> verify -> write tokens, log-probabilities and step
-    map -> next drafts -> advance. ``hooks``: the source's :class:`PassHooks`; ``wv`` (B,): each slot's own width
-    (<= W); ``u`` (B, uniform_width): each slot's uniforms for this pass; ``it``: the pass's number (a 0-d tensor);
-    ``args``: the source's ``step_args``."""
+    map -> next drafts -> advance, all written over ``s`` in place (nothing is returned: a compiled step's tensors
+    are its inputs, read and updated where they lie). ``hooks``: the source's :class:`PassHooks`; ``wv`` (B,): each
+    slot's own width (<= W); ``it``: the pass counter (a 0-d tensor, advanced here); ``args``: the source's
+    ``step_args``. Each slot reads its own sample's uniforms for this pass from ``s.u``."""
+    it.add_(1)
     tokens, n = s.tokens, s.n
+    u = s.u[torch.arange(n.shape[0], device=n.device), (it - s.start).clamp(0, c.L - 1)]
     depth = hooks.depths(W, n.device, **args)
     inp = tokens.gather(1, (n - 1)[:, None] + torch.arange(depth.shape[0], device=n.device))  # the last decided, drafts
     tpos = (n - 1)[:, None] + depth  # each fed token's index in the sequence
@@ -147,7 +178,7 @@ def speculative_step(hooks: type[PassHooks], model, cache, s: SlotState, wv, u, 
     smap = s.smap.scatter(1, widx, it.expand_as(widx))
     tokens, qwin = hooks.draft(model, cache, tokens, s, v, wv, p, h, us, W, c, **args)
     n, counts = advance(n, v.k, hooks.span(wv, **args), c.L, s.counts)
-    return SlotState(tokens, n, qwin, logp, smap, counts)
+    s.store(tokens, n, qwin, logp, smap, counts)
 
 
 def advance(n, k, wv, L: int, counts):

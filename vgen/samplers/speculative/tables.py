@@ -113,28 +113,35 @@ def pass_costs(model, step, config: StepConfig, rule, step_args: dict, widths: l
         widths = [0] + list(widths)
     if all(w in known for w in widths):
         return known
-    L, D, dev, V = config.L, config.D, w0.device, model.vocab_size
+    L, dev, V = config.L, w0.device, model.vocab_size
     rows = 2 * S if config.cfg else S
     cache = new_cache(rows) if new_cache is not None else model.new_cache(rows)
     cache.limit(None)
     model.prefill(example_cond(model, rows, dev), cache)
     n = torch.full((S,), L // 2, dtype=torch.long, device=dev)
-    state = SlotState.empty(S, L, D, V, dev, n=n)._replace(qwin=torch.full((S, D, V), 1.0 / V, device=dev))
-    u = torch.rand((S, config.uniform_width), generator=torch.Generator().manual_seed(0)).to(dev)
+    state = SlotState.empty(S, config, V, dev, n=n)
+    state.qwin.fill_(1.0 / V)
+    state.u.copy_(torch.rand(state.u.shape, generator=torch.Generator().manual_seed(0)))
+    pristine = [t.clone() for t in state]  # each timed pass starts from this state (the step updates it in place)
     if fill is not None:  # the source's per-sample state (e.g. Gumbel keys) for this measurement's own batch
         for b in range(S):
             fill(b, b)
-    it = torch.tensor(1, device=dev)
+    it = torch.tensor(0, device=dev)
     seen = model.cond_len + L // 2 + max(widths)
     times = {w: [] for w in widths}
     for r in range(repeats + 1):
         for w in widths:
             cache.limit(cache.bucket(seen))
+            for t, t0 in zip(state, pristine):
+                t.copy_(t0)
+            it.zero_()
+            wv = torch.full_like(n, w)
             t0 = time.perf_counter()
             if w == 0:
                 ar_step(cache).tolist()
             else:
-                step(model, cache, state, torch.full_like(n, w), u, it, w, config, rule, **step_args).n.tolist()
+                step(model, cache, state, wv, it, w, config, rule, **step_args)
+                state.n.tolist()
             if r:
                 times[w].append(time.perf_counter() - t0)
     costs = {w: sorted(t)[len(t) // 2] for w, t in times.items()}
