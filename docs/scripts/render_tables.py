@@ -166,13 +166,66 @@ def pass_costs(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def gpu_name(rep: dict, file: str) -> str:
+    """The GPU a run used: its JSON's record, else its file's name (the early GPU runs recorded none), said so."""
+    named = rep.get("machine", {}).get("gpu") or rep.get("gpu") or (rep.get("shapes") or {}).get("gpu")
+    if named:
+        return named
+    word = next((w for w in Path(file).stem.split("-") if w.startswith(("h100", "h200", "a100"))), "?")
+    return f"NVIDIA {word.upper()} (the file's name: the JSON names no GPU)"
+
+
+def gpu_zoo(reps: list[dict], files: list[str]) -> str:
+    """The zoo's samplers compiled as CUDA graphs on a GPU, fixed windows: tokens per pass and the speed-up over
+    compiled AR in the same run."""
+    lines = []
+    for rep, f in zip(reps, files):
+        c = rep["config"]
+        lines += [f"{gpu_name(rep, f)}, torch {rep['machine'].get('torch', '?')}, {', '.join(c['models'])}, "
+                  f"{c['num_samples']} images per cell, median of {c['repeats']} runs, every cell compiled "
+                  f"(CUDA graphs), fixed windows (`{f}`):", "",
+                  "| sampler | window | batch | ms / token | tokens / pass | x compiled AR |", "|---|---|---|---|---|---|"]
+        for r in sorted(rep["rows"], key=lambda r: r["batch_size"]):
+            name, _, opts = r["sampler"].partition(":")
+            window = dict(o.split("=", 1) for o in opts.split(",") if "=" in o).get("window", "")
+            lines.append(f"| `{name}` | {window} | {r['batch_size']} | {r['ms_per_token']:.2f} | "
+                         f"{r['accepted_per_step']:.2f} | {r['speedup_vs_ar']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def gpu_shapes(reps: list[dict], files: list[str]) -> str:
+    """AR at LlamaGen's released shapes on a GPU (random weights): the official eager loop, vgen's eager loop and
+    vgen's CUDA graphs, and what a wide pass costs as CUDA graphs."""
+    lines = ["| GPU | shape | params | dtype | batch | official loop ms / token | vgen eager | vgen CUDA graphs | "
+             "x official | 16-token pass (x a 1-token pass; batch 1, CUDA graphs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rep, f in zip(reps, files):
+        sh = rep.get("shapes", rep)
+        shapes = sh.get("shapes", sh)
+        for name, by_dtype in shapes.items():
+            if not isinstance(by_dtype, dict):
+                continue
+            for dt, s in by_dtype.items():
+                if not isinstance(s, dict) or "ar" not in s:
+                    continue
+                cost = s.get("pass_cost_graphed", {}).get("16")
+                for k, (b, a) in enumerate(sorted(s["ar"].items(), key=lambda kv: int(kv[0]))):
+                    lines.append(f"| {gpu_name(rep, f)} | {name} | {s['params_m']:.0f}M | {dt} | {b} | "
+                                 f"{a['official']['ms_per_token']:.2f} | {a['vgen_eager']['ms_per_token']:.2f} | "
+                                 f"{a['vgen']['ms_per_token']:.3f} | {a['speedup']:.1f} | "
+                                 + (f"{cost:.2f}" if cost and k == 0 else "") + " |")
+    return "\n".join(lines) + "\n"
+
+
 RENDERERS = {"small-jobs": small_jobs, "speculative": speculative, "quantized": quantized,
-             "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs}
+             "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes}
+WITH_FILES = ("gpu-zoo", "gpu-shapes")  # renderers that read the files' names too
 
 
 def render(name: str, files: list[str]) -> str:
     reps = [json.loads((REPO / f).read_text()) for f in files]
-    return RENDERERS[name](reps).rstrip("\n") + "\n"
+    out = RENDERERS[name](reps, files) if name in WITH_FILES else RENDERERS[name](reps)
+    return out.rstrip("\n") + "\n"
 
 
 def pages() -> list[Path]:
