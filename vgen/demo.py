@@ -289,7 +289,7 @@ def parse_options(fields: dict[str, dataclasses.Field], values, samplers: list[s
     for (k, f), v in zip(fields.items(), values):
         if v is None or (isinstance(v, str) and not v.strip()) or k not in takes:
             continue
-        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        t = _type_name(f)
         if isinstance(v, str) and ("int" in t or "float" in t):  # "int | str": a number or a word (window=auto)
             v = v.strip()
             try:

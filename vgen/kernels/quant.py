@@ -82,16 +82,23 @@ def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) ->
     return torch._weight_int8pack_mm(x, qweight, scale)
 
 
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (rows, K) matrix -> its int8 codes (symmetric, -127..127) and one scale per row in the matrix's dtype:
+    ``w ~ q * s`` (a linear layer's output channels, an embedding table's rows)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(1).clamp_min(1e-12) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.to(weight.dtype)
+
+
 class Int8Linear(nn.Module):
     """``nn.Linear`` with an int8 weight and one float scale per output channel."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        w = linear.weight.detach().float()
-        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        q, scale = int8_rows(linear.weight)
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scale", scale.to(linear.weight.dtype))
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def dequantized(self) -> torch.Tensor:
@@ -128,11 +135,10 @@ class Int8Embedding(nn.Module):
         super().__init__()
         if emb.max_norm is not None:
             raise VGenError("an embedding with max_norm renormalises its rows on lookup: it cannot be stored in int8")
-        w = emb.weight.detach().float()
-        scale = w.abs().amax(1).clamp_min(1e-12) / 127
-        self.num_embeddings, self.embedding_dim = w.shape
-        self.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scale", scale.to(emb.weight.dtype))
+        q, scale = int8_rows(emb.weight)
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale)
 
     def dequantized(self) -> torch.Tensor:
         return self.qweight.to(self.scale.dtype) * self.scale[:, None]
