@@ -230,6 +230,10 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     assert min(peaks.values()) > 0.8 * torch_mb, (peaks, torch_mb)
     base = next(row for row in rep["rows"] if row["sampler"] == "llamagen-loop")
     assert "fid_photo" not in base  # the official loop's own RNG: no paired samples to score
+    # what a table rendered from this JSON names: the machine, the date, each model's dtype, each cell's compile mode
+    import torch
+    assert rep["machine"]["cores"] >= 1 and rep["machine"]["torch"] == torch.__version__ and rep["date"][:2] == "20"
+    assert rep["dtype"] == {str(tiny_pipeline): "float32"} and ar["compile"] is False
 
 
 def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval():

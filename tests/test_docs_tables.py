@@ -30,3 +30,39 @@ def test_a_changed_figure_changes_the_render():
     row["speedup_vs_ar_paired"] *= 1.1
     assert rt.small_jobs([rep]) != rt.small_jobs([moved])
     assert "AMD EPYC" in rt.small_jobs([rep])  # the machine is named
+
+
+def _rep(ar_c, ar_e, sjd_c, sjd_e, rounds=3):
+    """A bench JSON of ar and sjd, compiled and eager, at batch 1: seconds per round (the cells' medians)."""
+    def row(sampler, sec, tpp=1.0):
+        return {"model": "photos-gpt", "sampler": sampler, "batch_size": 1, "seconds": sec, "all_seconds": [sec] * rounds,
+                "ms_per_token": sec, "accepted_per_step": tpp, "speedup_vs_ar": 1.0}
+    return {"command": "vgen bench +experiment=readme", "date": "2026-11-28", "dtype": {"photos-gpt": "float32"},
+            "config": {"num_samples": 8, "repeats": rounds, "compile": True},
+            "machine": {"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1", "vgen_commit": "abc1234"},
+            "rows": [row("ar", ar_c), row("ar:compile=false", ar_e), row("sjd", sjd_c, 1.5),
+                     row("sjd:compile=false", sjd_e, 1.7)]}
+
+
+def test_the_readme_table_holds_every_cell_to_the_fastest_ar():
+    rt = renderer()
+    text = rt.readme([_rep(ar_c=2.0, ar_e=4.0, sjd_c=2.5, sjd_e=3.2)], ["docs/bench/x.json"])
+    sjd = next(line for line in text.splitlines() if line.startswith("| `sjd`"))
+    assert "| 0.80 / 0.62 |" in sjd  # 2.0 / 2.5 compiled, 2.0 / 3.2 eager: both against compiled ar, the faster
+    assert "| 1.50 / 1.70 |" in sjd  # tokens per pass, compiled / eager
+    assert "compiled `ar`, 2.00 ms per token" in text and "AMD EPYC" in text and "float32" in text
+    # where eager ar is the faster, eager ar is the baseline
+    text = rt.readme([_rep(ar_c=5.0, ar_e=4.0, sjd_c=2.5, sjd_e=3.2)], ["docs/bench/x.json"])
+    assert "eager `ar`, 4.00 ms per token" in text
+    assert "| 1.60 / 1.25 |" in next(line for line in text.splitlines() if line.startswith("| `sjd`"))
+
+
+def test_the_bench_table_filters_and_pairs():
+    rt = renderer()
+    rep = _rep(ar_c=2.0, ar_e=4.0, sjd_c=2.5, sjd_e=3.2)
+    rep["rows"][3]["all_seconds"] = [3.0, 3.2, 3.4]  # rounds that differ: a paired interval
+    text = rt.bench([rep], ["docs/bench/x.json"], samplers="sjd")
+    lines = [ln for ln in text.splitlines() if ln.startswith("| `")]
+    assert len(lines) == 2 and all("`sjd`" in ln for ln in lines)  # only sjd's cells
+    eager = next(ln for ln in lines if "| eager |" in ln)
+    assert "0.63 (0.5" in eager  # x the fastest (compiled) ar, geometric mean of 2/3, 2/3.2, 2/3.4 with its interval

@@ -206,7 +206,7 @@ def test_the_shapes_bench_hands_over_each_cell_as_it_ends(monkeypatch):
     from omegaconf import OmegaConf
 
     from vgen.eval import shapes
-    monkeypatch.setattr(shapes, "ar_speed", lambda model, batch, compile, repeats: {"batch": batch})
+    monkeypatch.setattr(shapes, "ar_speed", lambda model, batch, compile, repeats, official=True: {"batch": batch})
     cfg = OmegaConf.create(dict(device="cpu", shapes=[], cpu_shapes=["cpu-S"], shape_dtypes=["float32"],
                                 pass_widths=[1, 2], repeats=1, shape_batches=[1, 4], batch_sizes=[1],
                                 compile=False))
@@ -215,6 +215,37 @@ def test_the_shapes_bench_hands_over_each_cell_as_it_ends(monkeypatch):
     ar = [r["shapes"]["cpu-S"]["float32"]["ar"] for r in seen]
     assert ar == [{}, {"1": {"batch": 1}}, {"1": {"batch": 1}, "4": {"batch": 4}}]
     assert seen[-1] == json.loads(json.dumps(result)) and seen[0]["shapes"]["cpu-S"]["float32"]["pass_cost"]["1"] == 1
+
+
+def test_the_shapes_bench_times_each_shape_again_with_quantized_weights(monkeypatch):
+    """shape_quantize=[int8, int4]: each shape's float cell, then the same weights in int8 and int4 (fewer weight
+    bytes, the same pass-cost widths), their AR cells without the official loop (it runs float weights)."""
+    from omegaconf import OmegaConf
+
+    from vgen.eval import shapes
+    calls = []
+    monkeypatch.setattr(shapes, "ar_speed", lambda model, batch, compile, repeats, official=True:
+                        calls.append(official) or {"vgen": {"ms_per_token": 1.0}})
+    cfg = OmegaConf.create(dict(device="cpu", shapes=[], cpu_shapes=["cpu-S"], shape_dtypes=["float32"],
+                                shape_quantize=["int8", "int4"], pass_widths=[1, 2], repeats=1, shape_batches=[1],
+                                batch_sizes=[1], compile=False))
+    entries = shapes.run(cfg)["shapes"]["cpu-S"]
+    assert list(entries) == ["float32", "float32@int8", "float32@int4"] and calls == [True, False, False]
+    mb = {k: e["weight_mb"] for k, e in entries.items()}
+    assert mb["float32"] > 1.5 * mb["float32@int8"] > 1.5 * mb["float32@int4"]  # the float embedding table stays
+    assert all(e["pass_cost"]["1"] == 1.0 and e["pass_cost"]["2"] > 0 for e in entries.values())
+    assert "/ -" in shapes.markdown({"shapes": {"cpu-S": entries}})  # the quantized rows: no official loop
+
+
+def test_the_shapes_bench_refuses_an_unknown_weight_format():
+    from omegaconf import OmegaConf
+
+    from vgen.errors import VGenError
+    from vgen.eval import shapes
+    cfg = OmegaConf.create(dict(device="cpu", shapes=[], cpu_shapes=["cpu-S"], shape_dtypes=["float32"],
+                                shape_quantize=["int3"], pass_widths=[1, 2]))
+    with pytest.raises(VGenError, match="int3"):
+        shapes.check(cfg)
 
 
 def test_gpu_experiment_refuses_unknown_shapes(capsys, tmp_path):

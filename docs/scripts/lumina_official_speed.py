@@ -11,7 +11,9 @@ image logits; the official fork does not (``mask_image_logits=False``), so the m
 Its processors handle batch 1 only: at batch 8 vgen's time per image is compared with the official batch-1 time.
 sjd's tokens per pass on random weights say nothing about a trained model.
 
-    python docs/scripts/lumina_official_speed.py <Lumina-mGPT checkout> [hidden layers grid]   # e.g. 512 8 16
+    python docs/scripts/lumina_official_speed.py <Lumina-mGPT checkout> [hidden layers grid] [--json out.json]
+
+e.g. ``... 512 8 16 --json docs/bench/lumina-official-cpu.json`` (the JSON docs/models/chameleon.md renders).
 """
 import sys
 import time
@@ -21,6 +23,9 @@ import torch
 from transformers import ChameleonConfig, ChameleonForConditionalGeneration, ChameleonVQVAEConfig, GenerationConfig
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList
 
+out_json = sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else None
+if out_json:
+    del sys.argv[sys.argv.index("--json"):sys.argv.index("--json") + 2]
 src = (Path(sys.argv[1]) / "lumina_mgpt" / "inference_solver.py").read_text()
 src = src[: src.index("class FlexARInferenceSolver")]
 src = "\n".join(l for l in src.splitlines() if not l.startswith(("from data", "from model", "from transformers.gen")))
@@ -89,9 +94,21 @@ def timed(f, reps=2):
 t_off = timed(official)
 print(f"shape hidden {hidden} layers {layers} grid {G}x{G} ({G * (G + 1) + 1} tokens), threads {torch.get_num_threads()}")
 print(f"official loop, batch 1: {t_off:.2f} s per image")
+rows = [{"sampler": "official loop", "batch_size": 1, "seconds_per_image": t_off, "x_official": 1.0}]
 for b in (1, 8):
     t = timed(lambda: ours("ar", b))
     print(f"vgen ar, batch {b}: {t / b:.2f} s per image = {t_off / (t / b):.2f}x")
+    rows.append({"sampler": "ar", "batch_size": b, "seconds_per_image": t / b, "x_official": t_off / (t / b)})
     _, st = ours("sjd", b, window=4)
     t = timed(lambda: ours("sjd", b, window=4))
     print(f"vgen sjd w4, batch {b}: {t / b:.2f} s per image = {t_off / (t / b):.2f}x ({st['accepted_per_step']:.2f} tokens/pass)")
+    rows.append({"sampler": "sjd window=4", "batch_size": b, "seconds_per_image": t / b, "x_official": t_off / (t / b),
+                 "tokens_per_pass": st["accepted_per_step"]})
+if out_json:
+    from vgen.eval.bench import machine
+    from vgen.io import atomic_write_json
+    atomic_write_json(out_json, {
+        "command": "python docs/scripts/lumina_official_speed.py <Lumina-mGPT checkout> " + " ".join(sys.argv[2:]),
+        "machine": machine(), "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "shape": {"hidden": hidden, "layers": layers, "grid": G, "params_m": sum(p.numel() for p in m.parameters()) / 1e6},
+        "dtype": "float32", "rows": rows})

@@ -99,6 +99,20 @@ def quantized(reps: list[dict]) -> str:
             lines.append(f"| {model} | {fmt or 'float32'} | `{r['sampler'].partition(':')[0]}` | {r['batch_size']} | "
                          f"{r['ms_per_token']:.2f} | {f / r['ms_per_token'] if f else 0:.2f} | "
                          f"{r['accepted_per_step']:.2f} |")
+        for shape, by_fmt in ((rep.get("shapes") or {}).get("shapes") or {}).items():
+            fl = next(e for k, e in by_fmt.items() if "@" not in k)
+            widths = [w for w in ("2", "4", "8", "16") if w in fl["pass_cost"]]
+            lines += ["", f"LlamaGen-{shape}'s released shape (random weights, {fl['params_m']:.0f}M parameters, CFG 4, "
+                          "256 tokens; vgen's `ar` eager and the official loop's per-step work on the same weights):", "",
+                      "| weights | weight MB | batch | vgen ms / token | x float32 | official loop ms / token | "
+                      + " | ".join(f"{w}-token pass" for w in widths) + " |", "|---|---|---|---|---|---|" + "---|" * len(widths)]
+            for k, e in by_fmt.items():
+                for b, a in e["ar"].items():
+                    f0 = fl["ar"][b]["vgen"]["ms_per_token"]
+                    lines.append(f"| {k.partition('@')[2] or k} | {e['weight_mb']:.0f} | {b} | {a['vgen']['ms_per_token']:.1f} | "
+                                 f"{f0 / a['vgen']['ms_per_token']:.2f} | "
+                                 + (f"{a['official']['ms_per_token']:.1f}" if "official" in a else "") + " | "
+                                 + " | ".join(f"{e['pass_cost'][w]:.2f}x" for w in widths) + " |")
         for name, e in (rep.get("transformers") or {}).get("models", {}).items():
             q = e.get("quantized") or {}
             if not q:
@@ -181,7 +195,12 @@ def gpu_zoo(reps: list[dict], files: list[str]) -> str:
     lines = []
     for rep, f in zip(reps, files):
         c = rep["config"]
-        lines += [f"{gpu_name(rep, f)}, torch {rep['machine'].get('torch', '?')}, {', '.join(c['models'])}, "
+        dt = ", ".join(sorted({d for d in (rep.get("dtype") or {}).values() if d})) or (
+            c.get("dtype") or "the cards' dtype (float32; the JSON records none)")
+        tf32 = rep["machine"].get("cuda_tf32", c.get("tf32"))
+        tf32 = "TF32 not recorded" if tf32 is None else f"TF32 {'on' if tf32 else 'off'}"
+        lines += [f"{gpu_name(rep, f)}, torch {rep['machine'].get('torch', '?')}, {dt}, {tf32}, "
+                  f"{', '.join(c['models'])}, "
                   f"{c['num_samples']} images per cell, median of {c['repeats']} runs, every cell compiled "
                   f"(CUDA graphs), fixed windows (`{f}`):", "",
                   "| sampler | window | batch | ms / token | tokens / pass | x compiled AR |", "|---|---|---|---|---|---|"]
@@ -217,14 +236,226 @@ def gpu_shapes(reps: list[dict], files: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-RENDERERS = {"small-jobs": small_jobs, "speculative": speculative, "quantized": quantized,
+def _mode(rep: dict, setting: str, row: dict | None = None) -> str:
+    """compiled, eager or auto: what the row records it ran with, else the setting's own ``compile``, else the run's
+    (``var`` takes none: eager; a block's ``mode=`` word overrides a JSON that recorded neither right)."""
+    if rep.get("mode"):
+        return rep["mode"]
+    if row is not None and "compile" in row:
+        c = row["compile"]
+        return "auto" if c == "auto" else "compiled" if c else "eager"
+    name, _, opts = setting.partition(":")
+    own = dict(o.split("=", 1) for o in opts.split(",") if "=" in o).get("compile")
+    run = rep["config"].get("compile", True)
+    compiled = own != "false" if own is not None else run not in (False, "auto")
+    return "compiled" if compiled and name != "var" else "eager"
+
+
+def _label(setting: str) -> str:
+    """A setting as a user types it, without ``compile=...`` (the mode column says it)."""
+    name, _, opts = setting.partition(":")
+    rest = [o for o in opts.split(",") if o and not o.startswith("compile=")]
+    return "`" + " ".join([name, *rest]) + "`"
+
+
+def _run_line(rep: dict, file: str) -> str:
+    """Which run a table comes from: the machine (or that the JSON names none), dtype, date, size, the command."""
+    c, m = rep["config"], rep.get("machine") or {}
+    what = machine(rep) if (m.get("cpu") or m.get("gpu")) else "machine not recorded in the JSON"
+    dt = sorted({d for d in (rep.get("dtype") or {}).values() if d})
+    extra = "".join(f", {x}" for x in (", ".join(dt), rep.get("date")) if x)
+    rounds = f"{c['repeats']} paired rounds" if c["repeats"] >= 3 else f"median of {c['repeats']} rounds"
+    n = c.get("num_samples") or next((r["num_samples"] for r in rep["rows"] if "num_samples" in r), None)
+    return (f"{what}{extra}; {n or 'a number not recorded of'} images per cell, {rounds}; `{rep['command']}` "
+            f"(`{file}`)")
+
+
+def _fastest_ar(rows: list[dict], row: dict) -> dict | None:
+    """The fastest AR cell (compiled or eager) at a row's batch size, of the row's model or of the model its ratios
+    were taken against (photos-nar's against photos-gpt's: the AR whose time its speedup_vs_ar implies)."""
+    ars = [r for r in rows if r["batch_size"] == row["batch_size"] and r["sampler"] in ("ar", "ar:compile=false")]
+    own = [r for r in ars if r["model"] == row["model"]]
+    if not own and row.get("speedup_vs_ar"):
+        implied = row["speedup_vs_ar"] * row["seconds"]
+        model = next((r["model"] for r in ars if abs(r["seconds"] - implied) < 1e-6 * implied), None)
+        own = [r for r in ars if r["model"] == model]
+    return min(own, key=lambda r: r["seconds"]) if own else None
+
+
+def _vs_fastest(rows: list[dict], row: dict, interval: bool = True) -> str:
+    """x the fastest AR, paired over the rounds where there are 3 or more (with its 95% interval)."""
+    from vgen.eval.bench.reporting import paired_speedup
+    base = _fastest_ar(rows, row)
+    if base is None:
+        return ""
+    paired = paired_speedup(base["all_seconds"], row["all_seconds"]) if base is not row else {}
+    if paired and interval:
+        lo, hi = paired["speedup_vs_ar_ci95"]
+        return f"{paired['speedup_vs_ar_paired']:.2f} ({lo:.2f}-{hi:.2f})"
+    return f"{paired.get('speedup_vs_ar_paired', base['seconds'] / row['seconds']):.2f}"
+
+
+EXTRA = [("FID-photo", "fid_photo", "{:.2f}"), ("FVD-photo", "fvd_photo", "{:.1f}"),
+         ("peak KV vs ref", "kv_vs_ref", "{:.1%}"), ("PSNR vs ref (dB)", "psnr_vs_ref", "{:.2f}"),
+         ("FID-photo vs ref", "fid_vs_ref", "{:.2f}"), ("x ref", "speedup_vs_ref", "{:.2f}"),
+         ("x official loop", "speedup_vs_llamagen-loop", "{:.2f}")]
+
+
+def bench(reps: list[dict], files: list[str], models: str = "", samplers: str = "", batch: str = "",
+          mode: str = "") -> str:
+    """The rows of ``vgen bench`` JSON files (those of ``models`` / ``samplers`` (names) / ``batch`` where given):
+    mode, ms per token, tokens per pass, x AR in the same mode and x the fastest AR at that batch size (paired with
+    a 95% interval where the run has 3 or more rounds), and the quality columns the run measured."""
+    keep_m, keep_s = set(filter(None, models.split(","))), set(filter(None, samplers.split(",")))
+    keep_b = {int(b) for b in batch.split(",") if b}
+    lines = []
+    for rep, f in zip(reps, files):
+        rep = {**rep, "mode": mode} if mode else rep
+        rows = rep["rows"]
+        shown = [r for r in rows if (not keep_m or r["model"] in keep_m) and (not keep_b or r["batch_size"] in keep_b)
+                 and (not keep_s or r["sampler"].partition(":")[0] in keep_s) and r["sampler"] != "llamagen-loop"]
+        several = len({r["model"] for r in shown}) > 1
+        extra = [c for c in EXTRA if any(r.get(c[1]) not in (None, float("inf")) for r in shown)]
+        # "x fastest AR" where the run timed AR both ways at a batch size (else it repeats "x AR, same mode")
+        both = any({"ar", "ar:compile=false"} <= {r["sampler"] for r in rows if r["batch_size"] == b}
+                   for b in {r["batch_size"] for r in rows})
+        head = ["model"] * several + ["sampler", "mode", "batch", "ms / token", "tokens / pass", "x AR, same mode"] \
+            + ["x fastest AR"] * both + [c[0] for c in extra]
+        lines += [_run_line(rep, f) + ":", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in sorted(shown, key=lambda r: (r["model"], r["batch_size"], _mode(rep, r["sampler"], r) != "compiled")):
+            cells = [r["model"]] * several + [
+                _label(r["sampler"]), _mode(rep, r["sampler"], r), str(r["batch_size"]), f"{r['ms_per_token']:.2f}",
+                f"{r['accepted_per_step']:.2f}", _ratio(r) if r.get("speedup_vs_ar") else ""] \
+                + [_vs_fastest(rows, r)] * both
+            cells += ["" if r.get(k) in (None, float("inf")) else fmt.format(r[k]) for _, k, fmt in extra]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def transformers(reps: list[dict], files: list[str]) -> str:
+    """``vgen bench +experiment=transformers``: transformers' ``generate`` against vgen's ``ar`` on random weights
+    (seconds per image), and the zoo's transformers models' samplers (seconds per run, tokens per pass, x ar)."""
+    from vgen.eval import hf_speed
+    lines = []
+    for rep, f in zip(reps, files):
+        c, t = rep["config"], rep.get("transformers") or {}
+        what = machine(rep) if rep.get("machine", {}).get("cpu") else "machine not recorded in the JSON"
+        head = (f"{what}, {t.get('dtype', '?')}, {rep.get('date', 'date not recorded')}; median of "
+                f"{c.get('hf_repeats', 1)} timed rounds per cell; `{rep['command']}` (`{f}`)")
+        if t.get("models"):
+            lines += [head + "; transformers / vgen `ar`, seconds per image:", "", hf_speed.markdown(t), ""]
+            head = "The same run"
+        if rep.get("transformers_zoo"):
+            lines += [head + f"; {c.get('hf_zoo_samples', 8)} images per cell:", "",
+                      hf_speed.markdown_zoo(rep["transformers_zoo"]), ""]
+    return "\n".join(lines)
+
+
+def lumina(reps: list[dict], files: list[str]) -> str:
+    """docs/scripts/lumina_official_speed.py: Lumina-mGPT's own loop against vgen on a scaled Chameleon."""
+    lines = []
+    for rep, f in zip(reps, files):
+        sh = rep["shape"]
+        lines += [f"{machine(rep)}, {rep['dtype']}, {rep['date']}; a Chameleon of hidden {sh['hidden']}, "
+                  f"{sh['layers']} layers ({sh['params_m']:.0f}M parameters, random weights), {sh['grid']} x "
+                  f"{sh['grid']} grid, best of 2 timed runs; `{rep['command']}` (`{f}`):", "",
+                  "| loop | batch | s per image | x the official loop | tokens / pass |", "|---|---|---|---|---|"]
+        for r in rep["rows"]:
+            name = r["sampler"] if r["sampler"] == "official loop" else f"vgen `{r['sampler']}`"
+            tpp = f"{r['tokens_per_pass']:.2f}" if r.get("tokens_per_pass") else ""
+            lines.append(f"| {name} | {r['batch_size']} | {r['seconds_per_image']:.2f} | {r['x_official']:.2f} | "
+                         f"{tpp} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def tokens_per_pass(reps: list[dict], files: list[str]) -> str:
+    """docs/scripts/t2i_tokens_per_pass.py: tokens per pass at fixed windows, photos-t2i beside photos-gpt."""
+    lines = []
+    for rep, f in zip(reps, files):
+        models = list(next(iter(rep["rows"].values())))
+        lines += [f"{machine(rep)}, {rep['date']}; {rep['images']} images at batch 1, eager, one thread "
+                  f"(`{f}`):", "", "| sampler | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+        for key, by_model in rep["rows"].items():
+            lines.append(f"| `{key}` | " + " | ".join(f"{by_model[m]['tokens_per_pass']:.2f}" for m in models) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+GUIDE = {  # a README row's words: the guarantee (tested: docs/samplers.md) and when to reach for it
+    "ar": ("exact (the reference)", "the plain sampler; the baseline below"),
+    "sjd": ("exact", "AR's distribution, no extra weights"),
+    "scd": ("exact, coupled: the very tokens of `ar draw=gumbel`", "AR's distribution, reproducible token for token"),
+    "pac": ("exact (recursive rejection over siblings)", "AR's distribution in the fewest passes, where a wide pass "
+            "costs little more than a narrow one"),
+    "gsd": ("drift (reported, no bound)", "a little speed, drift accepted"),
+    "lantern": ("bounded drift: per-token TV <= `delta`", "relaxed acceptance with a bound, on Jacobi drafts"),
+    "eagle": ("exact (block verification)", "a GPT with a trained draft head (photos-gpt ships one)"),
+    "eagle:accept=lantern": ("bounded drift (`delta` 0.2)", "the most speed from a draft head"),
+    "zipar": ("drift (reported, no bound)", "speed from any AR model, training-free"),
+    "nar": ("exact for its model", "a next-neighbour model (NAR)"),
+    "var": ("exact", "a next-scale model (VAR): one pass per scale"),
+}
+
+
+def readme(reps: list[dict], files: list[str]) -> str:
+    """The README's table (``vgen bench +experiment=readme``): every sampler at its defaults against the fastest AR
+    of that machine at batch 1 and 8 (compiled or eager, whichever ran faster), both modes, tokens per pass and
+    FID-photo. Settings are the keys of GUIDE; each one's eager cell is the setting with ``compile=false``."""
+    rep, f = reps[0], files[0]
+    rows = {(r["sampler"], r["batch_size"]): r for r in rep["rows"]}
+    batches = sorted({r["batch_size"] for r in rep["rows"]})
+
+    def eager(s):  # the setting's eager cell: its options plus compile=false, in whatever order the run wrote them
+        return next((v for v, _ in rows if v != s and _label(v) == _label(s) and "compile=false" in v), None)
+    ar = {b: _fastest_ar(rep["rows"], rows[("ar", b)]) for b in batches}
+    fastest = "; ".join(f"batch {b}: {_mode(rep, ar[b]['sampler'], ar[b])} `ar`, {ar[b]['ms_per_token']:.2f} ms per token"
+                        for b in batches)
+    official = rows.get(("ar", batches[0]), {}).get("speedup_vs_llamagen-loop")
+    lines = [f"{_run_line(rep, f)}. Each speed cell is the setting's time against the fastest `ar` at that batch "
+             f"size ({fastest}), compiled / eager (a dash: not in this run); a speculative sampler whose window=auto found no width faster than "
+             "AR's loop runs that loop (1.00 tokens per pass).", "",
+             "| sampler | guarantee | model | tokens / pass, batch 1 | " +
+             " | ".join(f"x fastest AR, batch {b}" for b in batches) + " | FID-photo (x AR's) | use it when |",
+             "|---|---|---|---|" + "---|" * len(batches) + "---|---|"]
+    fid_ar = rows[("ar", batches[0])].get("fid_photo")
+    for s, (guarantee, when) in GUIDE.items():
+        cells = [(rows.get((s, b)), rows.get((eager(s), b))) for b in batches]
+        if not any(c or e for c, e in cells):
+            continue
+        first = next(r for r in cells[0] if r)
+        single = _mode(rep, s) == "eager"  # a setting that takes no compile option (var): one figure
+
+        def both(pair, fmt):  # compiled / eager, a dash for a cell the run left out
+            if single:
+                return fmt(pair[0]) if pair[0] else "-"
+            return " / ".join(fmt(r) if r else "-" for r in pair)
+        tpp = both(cells[0], lambda r: f"{r['accepted_per_step']:.2f}")
+        ratios = [both(pair, lambda r: _vs_fastest(rep["rows"], r, interval=False) or "n/a") for pair in cells]
+        fid = first.get("fid_photo")
+        same = first["model"] == rows[("ar", batches[0])]["model"]  # another model's FID is not AR's to compare
+        fid_s = "" if fid is None else f"{fid:.2f}" + (f" ({fid / fid_ar:.2f}x)" if fid_ar and s != "ar" and same else "")
+        lines.append(f"| {_label(s)} | {guarantee} | {first['model']} | {tpp} | " + " | ".join(ratios)
+                     + f" | {fid_s} | {when} |")
+    if official:
+        lines += ["", f"Compiled `ar` runs {official:.2f}x the official LlamaGen loop's per-step work at batch "
+                      f"{batches[0]} (`llamagen-loop`, timed in the same run)."]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {"small-jobs": small_jobs, "bench": bench, "readme": readme, "transformers": transformers,
+             "lumina": lumina, "tokens-per-pass": tokens_per_pass, "speculative": speculative, "quantized": quantized,
              "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes}
-WITH_FILES = ("gpu-zoo", "gpu-shapes")  # renderers that read the files' names too
+WITH_FILES = ("gpu-zoo", "gpu-shapes", "bench", "readme", "transformers", "lumina", "tokens-per-pass")  # renderers that read the files' names too
 
 
-def render(name: str, files: list[str]) -> str:
+def render(name: str, args: list[str]) -> str:
+    """A block's text: its files read, its ``key=value`` words passed as options (``bench``'s filters)."""
+    files = [a for a in args if "=" not in a]
+    opts = dict(a.split("=", 1) for a in args if "=" in a)
     reps = [json.loads((REPO / f).read_text()) for f in files]
-    out = RENDERERS[name](reps, files) if name in WITH_FILES else RENDERERS[name](reps)
+    out = RENDERERS[name](reps, files, **opts) if name in WITH_FILES else RENDERERS[name](reps, **opts)
     return out.rstrip("\n") + "\n"
 
 

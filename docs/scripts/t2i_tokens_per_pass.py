@@ -2,10 +2,11 @@
 photos-gpt (classes in turn): does text conditioning change acceptance? Acceptance does not depend on timing, so
 this runs at fixed windows, eager, one thread (docs/benchmarks.md#text-to-image-photos-t2i).
 
-    python docs/scripts/t2i_tokens_per_pass.py > tokens_per_pass.json
+    python docs/scripts/t2i_tokens_per_pass.py > docs/bench/t2i-tokens-per-pass.json
 """
 import json
 import sys
+import time
 
 import torch
 
@@ -26,4 +27,7 @@ for name in ("photos-t2i", "photos-gpt"):
         out.setdefault(key, {})[name] = {"tokens_per_pass": round(256 * N / g.stats["forward_passes"], 3),
                                          "forward_passes": int(g.stats["forward_passes"])}
         print(key, name, out[key][name], file=sys.stderr, flush=True)
-print(json.dumps(out, indent=2))
+from vgen.eval.bench import machine  # noqa: E402
+
+print(json.dumps({"date": time.strftime("%Y-%m-%d", time.gmtime()), "machine": machine(), "images": N, "rows": out},
+                 indent=2))

@@ -152,6 +152,7 @@ class BenchSchema:
     shapes: list[str] = field(default_factory=list)  # on CUDA: LlamaGen GPT shapes (B, L, XL, XXL, XL-t2i), random weights
     cpu_shapes: list[str] = field(default_factory=list)  # elsewhere: small shapes (cpu-S, cpu-M) instead
     shape_dtypes: list[str] = field(default_factory=lambda: ["float32"])  # the shapes' dtypes
+    shape_quantize: list[str] = field(default_factory=list)  # also each shape with int8 / int4 weights (weight-only)
     pass_widths: list[int] = at_least(lambda: [1, 2, 4, 8, 16, 32], 1)  # tokens per pass (pass_cost)
     shape_batches: list[int] = at_least(list, 1)  # the shapes' AR batch sizes; empty: batch_sizes
     hf_models: list[str] = field(default_factory=list)  # on CUDA: Janus / Emu3 released shapes vs transformers' generate

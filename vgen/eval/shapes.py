@@ -9,6 +9,8 @@ tokens, one class token) and measured per shape and dtype:
   where the step is memory-bound, as on a GPU at small batch). Eager (``pass_cost``) and, on CUDA, with each pass
   replayed as one recorded CUDA graph (``pass_cost_graphed``: launches removed, what a compiled sampler's pass
   costs);
+* ``shape_quantize`` (int8, int4): each shape and dtype again with its weights quantized (weight-only, activations
+  in the dtype; entries ``float32@int8``, ...), the same cells: what fewer bytes per token buy at real sizes;
 * ``ar``: milliseconds per token of vgen's ``ar`` sampler (``compile`` as set; compiled, also eager) against the
   official-style eager loop (:func:`vgen.samplers.llamagen_loop.llamagen_generate`) at each batch size of
   ``shape_batches``, with CFG (both halves), the peak memory of each, and the seconds of the first compiled call
@@ -53,6 +55,9 @@ def check(cfg) -> list[str]:
         raise VGenError(f"unknown shapes {unknown}: choose from {', '.join(SHAPES)}")
     for d in cfg.get("shape_dtypes") or []:
         validate.dtype(d)
+    from vgen.kernels.quant import check_mode
+    for q in cfg.get("shape_quantize") or []:
+        check_mode(str(q), cfg.get("quantize_group", 32))
     widths = list(cfg.get("pass_widths") or [])
     if not widths or 1 not in widths or any(int(w) < 1 for w in widths):
         raise VGenError(f"pass_widths must list whole numbers >= 1, 1 among them (the reference), got {widths}")
@@ -146,17 +151,18 @@ def pass_cost_graphed(model, widths: list[int], repeats: int, replays: int = 20)
 
 
 @torch.inference_mode()
-def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
+def ar_speed(model, batch: int, compile: bool, repeats: int, official: bool = True) -> dict:
     """ms per token of vgen's ar (``compile``; compiled runs also eager, ``vgen_eager``) and of the official-style
-    loop at ``batch``, CFG 4 (both halves: the null class or the null caption), top-k 0; ``first_call_s``: each
-    one's warm-up call (a compile)."""
+    loop at ``batch`` (``official``; a quantized model's cell leaves it out: the official loop runs float weights),
+    CFG 4 (both halves: the null class or the null caption), top-k 0; ``first_call_s``: each one's warm-up call (a
+    compile)."""
     from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     from vgen.samplers.llamagen_loop import llamagen_generate
     device = next(model.parameters()).device
     labels = conditions(model, batch)
-    runs = [("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0)),
-            ("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile))]
+    runs = [("official", lambda: llamagen_generate(model, labels, cfg_scale=4.0))] if official else []
+    runs.append(("vgen", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=compile)))
     if compile:
         runs.append(("vgen_eager", lambda: sample(model, labels, "ar", seed=0, cfg_scale=4.0, compile=False)))
     out = {}
@@ -171,7 +177,8 @@ def ar_speed(model, batch: int, compile: bool, repeats: int) -> dict:
                 secs.append(time.perf_counter() - t0)
         out[name] = {"ms_per_token": 1e3 * statistics.median(secs[1:]) / (batch * TOKENS), "first_call_s": secs[0],
                      "peak_rss_mb": peak.peak, "peak_cuda_mb": peak.cuda_peak}
-    out["speedup"] = out["official"]["ms_per_token"] / out["vgen"]["ms_per_token"]
+    if official:
+        out["speedup"] = out["official"]["ms_per_token"] / out["vgen"]["ms_per_token"]
     return out
 
 
@@ -191,25 +198,42 @@ def run(cfg, done=None) -> dict:
     result: dict = {"device": str(device), "tokens": TOKENS, "vocab": VOCAB, "shapes": {}}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
+    quantize = [str(q) for q in (cfg.get("shape_quantize") or [])]
+    group = int(cfg.get("quantize_group", 32))
+
+    def measure(model, key: str, name: str, official: bool = True) -> None:
+        from vgen.kernels.quant import weight_bytes
+        secs = pass_cost(model, widths, max(repeats, 3))
+        entry = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                 "weight_mb": weight_bytes(model) / 2 ** 20,
+                 "pass_seconds": {str(w): s for w, s in secs.items()},
+                 "pass_cost": {str(w): s / secs[1] for w, s in secs.items()}}
+        if device.type == "cuda":
+            g = pass_cost_graphed(model, widths, max(repeats, 3))
+            entry["pass_seconds_graphed"] = {str(w): s for w, s in g.items()}
+            entry["pass_cost_graphed"] = {str(w): s / g[1] for w, s in g.items()}
+        entry["ar"] = {}
+        result["shapes"].setdefault(name, {})[key] = entry
+        if done is not None:  # the pass costs, before the AR cells (the slow part)
+            done(result)
+        for b in batches:
+            entry["ar"][str(b)] = ar_speed(model, int(b), bool(cfg.compile), repeats, official)
+            if done is not None:  # a run stopped at its time limit keeps the cells it measured
+                done(result)
+
     for name in tqdm(names, desc="shapes", leave=False):
         for dtype in dtypes:
             model = build_shape(name, dtype, device)
-            secs = pass_cost(model, widths, max(repeats, 3))
-            entry = {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-                     "pass_seconds": {str(w): s for w, s in secs.items()},
-                     "pass_cost": {str(w): s / secs[1] for w, s in secs.items()}}
-            if device.type == "cuda":
-                g = pass_cost_graphed(model, widths, max(repeats, 3))
-                entry["pass_seconds_graphed"] = {str(w): s for w, s in g.items()}
-                entry["pass_cost_graphed"] = {str(w): s / g[1] for w, s in g.items()}
-            entry["ar"] = {}
-            result["shapes"].setdefault(name, {})[str(dtype).removeprefix("torch.")] = entry
-            if done is not None:  # the pass costs, before the AR cells (the slow part)
-                done(result)
-            for b in batches:
-                entry["ar"][str(b)] = ar_speed(model, int(b), bool(cfg.compile), repeats)
-                if done is not None:  # a run stopped at its time limit keeps the cells it measured
-                    done(result)
+            key = str(dtype).removeprefix("torch.")
+            measure(model, key, name)
+            for q in quantize:  # the same weights, weight-only int8 / int4 (vgen.kernels.quant), activations in dtype
+                import copy
+
+                from vgen.kernels.quant import quantize_model
+                qmodel = copy.deepcopy(model)
+                quantize_model(qmodel, q, group)
+                measure(qmodel, f"{key}@{q}", name, official=False)
+                del qmodel
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -230,9 +254,11 @@ def markdown(result: dict) -> str:
     batches = list(rows[0][2]["ar"])
     lines += ["", "| shape | dtype | " + " | ".join(f"batch {b}: vgen / official ms per token" for b in batches) + " |",
               "|---|---|" + "---|" * len(batches)]
-    lines += [f"| {s} | {d} | " + " | ".join(
-        f"{e['ar'][b]['vgen']['ms_per_token']:.3f} / {e['ar'][b]['official']['ms_per_token']:.3f} "
-        f"({e['ar'][b]['speedup']:.2f}x)" for b in batches) + " |" for s, d, e in rows]
+    def cell(a: dict) -> str:  # a quantized cell has no official loop beside it
+        if "official" not in a:
+            return f"{a['vgen']['ms_per_token']:.3f} / -"
+        return f"{a['vgen']['ms_per_token']:.3f} / {a['official']['ms_per_token']:.3f} ({a['speedup']:.2f}x)"
+    lines += [f"| {s} | {d} | " + " | ".join(cell(e["ar"][b]) for b in batches) + " |" for s, d, e in rows]
     if any("vgen_eager" in e["ar"][b] for _, _, e in rows for b in batches):
         lines += ["", "| shape | dtype | " + " | ".join(f"batch {b}: vgen eager ms per token; first compiled call s"
                                                         for b in batches) + " |", "|---|---|" + "---|" * len(batches)]

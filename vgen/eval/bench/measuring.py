@@ -123,7 +123,17 @@ def run(p: Plan) -> tuple[dict, dict]:
     if p.fidelity_reference is not None and cfg.get("fidelity_samples", 0):
         for key, val in _fidelity(p, pipes, str(p.fidelity_reference)).items():
             quality.setdefault(key, {}).update(val)
-    return {"runs": runs, "mem": mem}, quality
+    return {"runs": runs, "mem": mem, "dtypes": {m: weights_dtype(pipe) for m, pipe in pipes.items()}}, quality
+
+
+def weights_dtype(pipe) -> str | None:
+    """The dtype a pipeline's model computes in (its first floating-point parameter's; int8 / int4 models keep their
+    activations in it), e.g. "float32"; None where the pipeline holds no torch module."""
+    params = getattr(getattr(pipe, "model", None), "parameters", None)
+    for t in (params() if params else ()):
+        if t.is_floating_point():
+            return str(t.dtype).removeprefix("torch.")
+    return None
 
 
 def generate_images(p: Plan, pipes: dict, model: str, setting: str, n: int, job_batch: int | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
                "forward_passes": r0["forward_passes"], "accepted_per_step": r0.get("accepted_per_step", 1.0),
                "kv_cache_bytes": r0.get("kv_cache_bytes", 0), "all_seconds": [r["seconds"] for r in runs],
                **measured["mem"][(m, v, b)], **quality.get((m, v), {}), **quality.get((m, v, b), {})}
+        row["compile"] = p.sampler_options(v, m)[1].get("compile")  # what the cell ran: True, False or "auto"
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
                   "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
                   "draft_seconds", "verify_seconds", "accepted_by_depth", "window", "window_rule", "window_seconds",
@@ -43,6 +45,8 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
         "command": "vgen bench " + " ".join(command_line()),
         "config": OmegaConf.to_container(cfg, resolve=True),
         "machine": machine(),
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "dtype": measured.get("dtypes", {}),
         "peak_rss_mb": peak_rss_mb(),
         "sampling": {m: p.cards[m].sampling for m in cfg.models},
         "rows": rows,
