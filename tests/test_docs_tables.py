@@ -57,6 +57,21 @@ def test_the_readme_table_holds_every_cell_to_the_fastest_ar():
     assert "| 1.60 / 1.25 |" in next(line for line in text.splitlines() if line.startswith("| `sjd`"))
 
 
+def test_the_readme_table_holds_a_cell_to_its_own_runs_ar():
+    rt = renderer()
+    eager = _rep(ar_c=2.0, ar_e=4.0, sjd_c=2.5, sjd_e=3.2)
+    eager["rows"] = [r for r in eager["rows"] if r["sampler"] != "sjd"]  # run 1: no compiled sjd
+    compiled = _rep(ar_c=1.0, ar_e=4.0, sjd_c=1.25, sjd_e=3.2)  # run 2: a faster spell of the machine
+    compiled["rows"] = [r for r in compiled["rows"] if r["sampler"] in ("ar", "sjd")]
+    text = rt.readme([eager, compiled], ["docs/bench/a.json", "docs/bench/b.json"])
+    sjd = next(line for line in text.splitlines() if line.startswith("| `sjd`"))
+    # compiled sjd against run 2's compiled ar (1.0 / 1.25), eager sjd against run 1's (2.0 / 3.2)
+    assert "| 0.80 / 0.62 |" in sjd, sjd
+    assert "Run 1:" in text and "Run 2:" in text and "docs/bench/b.json" in text
+    ar = next(line for line in text.splitlines() if line.startswith("| `ar`"))
+    assert "| 1.00 / 0.50 |" in ar  # the ar row is the first run's
+
+
 def test_the_bench_table_filters_and_pairs():
     rt = renderer()
     rep = _rep(ar_c=2.0, ar_e=4.0, sjd_c=2.5, sjd_e=3.2)

@@ -223,3 +223,24 @@ def test_scd_auto_window_is_one_width_per_job(tiny_gpt, tmp_path, monkeypatch):
         assert st["mean_window"] == w and st["forward_passes"] == sf["forward_passes"]
     else:
         assert st["mean_window"] == 1
+
+
+@pytest.mark.parametrize("timed, want", [((1, "timed"), (1, "job, timed")), ((8, "cached"), (8, "job, timed")),
+                                         (None, (8, "job"))])
+def test_scd_job_width_is_timed_against_ar_before_the_job_runs_it(tiny_gpt, monkeypatch, timed, want):
+    """The job rule's width runs only where it beat AR's own loop timed whole (a compiled AR loop can beat what the
+    pass-cost table promised): AR's loop where it did not; the job rule's own choice where the job is too small to
+    repay the timing (timed_width gives None)."""
+    import vgen.samplers.speculative.sampler as spec
+    from vgen.samplers.scd import SCDSampler
+    from vgen.samplers.speculative.widths import time_any_job
+    asked = []
+    monkeypatch.setattr(SCDSampler, "job_width", lambda self, model, b, codebook=None, given="": 8)
+    monkeypatch.setattr(spec, "timed_width", lambda sampler, model, widths, batch, run, **k: asked.append(widths)
+                        or timed)
+    kw = dict(cfg_scale=2.0, top_k=10, compile=False)
+    with time_any_job():
+        tokens, st = sample(tiny_gpt, [0, 1, 2, 3], "scd", seed=3, batch_size=2, **kw)
+    assert asked == [[8]] and (st["window"], st["window_rule"]) == want
+    ar, _ = sample(tiny_gpt, [0, 1, 2, 3], "ar", seed=3, draw="gumbel", **kw)
+    assert torch.equal(tokens, ar)  # coupled: the same tokens whichever width ran

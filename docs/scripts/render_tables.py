@@ -61,14 +61,15 @@ def _ratio(r: dict) -> str:
 
 def speculative(reps: list[dict]) -> str:
     """Every cell of a sampler comparison: tokens per pass, the share of passes that decided one token, the width
-    window=auto chose, ms per token and the paired speed-up against AR in the same mode."""
+    window=auto chose, ms per token, ms per pass (what one pass of that width costs, against AR's one-token pass) and
+    the paired speed-up against AR in the same mode."""
     lines = []
     for rep in reps:
         c = rep["config"]
         lines += [f"{', '.join(map(str, c['models']))}, {c['num_samples']} images per cell, {c['repeats']} paired rounds "
                   f"({machine(rep)}):", "",
-                  "| model | sampler | mode | batch | width | tokens / pass | one-token passes | ms / token | "
-                  "x AR (paired, 95% interval) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "| model | sampler | mode | batch | width | tokens / pass | one-token passes | ms / token | ms / pass | "
+                  "x AR (paired, 95% interval) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(rep["rows"], key=lambda r: (r["model"], ":compile=false" not in r["sampler"],
                                                     r["batch_size"])):
             name, _, opts = r["sampler"].partition(":")
@@ -78,7 +79,8 @@ def speculative(reps: list[dict]) -> str:
             extra = [o for o in opts.split(",") if o and not o.startswith(("window=", "compile="))]
             name = " ".join([name, *extra])  # the options that tell two cells apart (a draft, a tree)
             lines.append(f"| {r['model']} | `{name}` | {mode} | {r['batch_size']} | {width} | "
-                         f"{r['accepted_per_step']:.2f} | {share} | {r['ms_per_token']:.2f} | {_ratio(r)} |")
+                         f"{r['accepted_per_step']:.2f} | {share} | {r['ms_per_token']:.2f} | {r['ms_per_pass']:.2f} | "
+                         f"{_ratio(r)} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -402,40 +404,62 @@ GUIDE = {  # a README row's words: the guarantee (tested: docs/samplers.md) and 
 def readme(reps: list[dict], files: list[str]) -> str:
     """The README's table (``vgen bench +experiment=readme``): every sampler at its defaults against the fastest AR
     of that machine at batch 1 and 8 (compiled or eager, whichever ran faster), both modes, tokens per pass and
-    FID-photo. Settings are the keys of GUIDE; each one's eager cell is the setting with ``compile=false``."""
-    rep, f = reps[0], files[0]
-    rows = {(r["sampler"], r["batch_size"]): r for r in rep["rows"]}
-    batches = sorted({r["batch_size"] for r in rep["rows"]})
+    FID-photo. Settings are the keys of GUIDE; each one's eager cell is the setting with ``compile=false``.
+
+    Several files: runs of the same experiment on one machine that hold different cells (e.g. the eager cells and the
+    compiled ones). A cell is taken from the first file that has it and is held to the fastest AR *of its own run*
+    (paired rounds are only paired within a run); the header names every run."""
+    rows, runs = {}, {}  # (setting, batch) -> row; -> the run (index) it came from
+    for i, rep in enumerate(reps):
+        for r in rep["rows"]:
+            if rows.setdefault((r["sampler"], r["batch_size"]), r) is r:
+                runs[(r["sampler"], r["batch_size"])] = i
+    batches = sorted({b for _, b in rows})
 
     def eager(s):  # the setting's eager cell: its options plus compile=false, in whatever order the run wrote them
         return next((v for v, _ in rows if v != s and _label(v) == _label(s) and "compile=false" in v), None)
-    ar = {b: _fastest_ar(rep["rows"], rows[("ar", b)]) for b in batches}
-    fastest = "; ".join(f"batch {b}: {_mode(rep, ar[b]['sampler'], ar[b])} `ar`, {ar[b]['ms_per_token']:.2f} ms per token"
-                        for b in batches)
+
+    def own(r):  # the rows of the run a cell came from
+        return reps[runs[(r["sampler"], r["batch_size"])]]["rows"]
+
+    def fastest(rep):
+        ar = {b: _fastest_ar(rep["rows"], r) for b in batches
+              for r in rep["rows"] if r["sampler"] in ("ar", "ar:compile=false") and r["batch_size"] == b}
+        return "; ".join(f"batch {b}: {_mode(rep, ar[b]['sampler'], ar[b])} `ar`, "
+                         f"{ar[b]['ms_per_token']:.2f} ms per token" for b in sorted(ar))
     official = rows.get(("ar", batches[0]), {}).get("speedup_vs_llamagen-loop")
-    lines = [f"{_run_line(rep, f)}. Each speed cell is the setting's time against the fastest `ar` at that batch "
-             f"size ({fastest}), compiled / eager (a dash: not in this run); a speculative sampler whose window=auto found no width faster than "
-             "AR's loop runs that loop (1.00 tokens per pass).", "",
+    tail = ("compiled / eager (a dash: not in the run); a speculative sampler whose window=auto found no width faster "
+            "than AR's loop runs that loop (1.00 tokens per pass).")
+    if len(reps) == 1:
+        head = (f"{_run_line(reps[0], files[0])}. Each speed cell is the setting's time against the fastest `ar` at "
+                f"that batch size ({fastest(reps[0])}), " + tail)
+    else:
+        head = (f"{len(reps)} runs on one machine, each cell from the first that holds it and timed against the "
+                "fastest `ar` of its own run at that batch size, " + tail + " " + " ".join(
+                    f"Run {i + 1}: {_run_line(rep, f)}; fastest `ar` {fastest(rep)}." for i, (rep, f)
+                    in enumerate(zip(reps, files))))
+    lines = [head, "",
              "| sampler | guarantee | model | tokens / pass, batch 1 | " +
              " | ".join(f"x fastest AR, batch {b}" for b in batches) + " | FID-photo (x AR's) | use it when |",
              "|---|---|---|---|" + "---|" * len(batches) + "---|---|"]
-    fid_ar = rows[("ar", batches[0])].get("fid_photo")
     for s, (guarantee, when) in GUIDE.items():
         cells = [(rows.get((s, b)), rows.get((eager(s), b))) for b in batches]
         if not any(c or e for c, e in cells):
             continue
         first = next(r for r in cells[0] if r)
-        single = _mode(rep, s) == "eager"  # a setting that takes no compile option (var): one figure
+        single = _mode(reps[0], s) == "eager"  # a setting that takes no compile option (var): one figure
 
-        def both(pair, fmt):  # compiled / eager, a dash for a cell the run left out
+        def both(pair, fmt):  # compiled / eager, a dash for a cell the runs left out
             if single:
                 return fmt(pair[0]) if pair[0] else "-"
             return " / ".join(fmt(r) if r else "-" for r in pair)
         tpp = both(cells[0], lambda r: f"{r['accepted_per_step']:.2f}")
-        ratios = [both(pair, lambda r: _vs_fastest(rep["rows"], r, interval=False) or "n/a") for pair in cells]
+        ratios = [both(pair, lambda r: _vs_fastest(own(r), r, interval=False) or "n/a") for pair in cells]
         fid = first.get("fid_photo")
-        same = first["model"] == rows[("ar", batches[0])]["model"]  # another model's FID is not AR's to compare
-        fid_s = "" if fid is None else f"{fid:.2f}" + (f" ({fid / fid_ar:.2f}x)" if fid_ar and s != "ar" and same else "")
+        ar = next((r for r in own(first) if r["sampler"] in ("ar", "ar:compile=false")
+                   and r["batch_size"] == batches[0] and r.get("fid_photo")), None)  # its own run's AR
+        same = ar is not None and first["model"] == ar["model"]  # another model's FID is not AR's to compare
+        fid_s = "" if fid is None else f"{fid:.2f}" + (f" ({fid / ar['fid_photo']:.2f}x)" if same and s != "ar" else "")
         lines.append(f"| {_label(s)} | {guarantee} | {first['model']} | {tpp} | " + " | ".join(ratios)
                      + f" | {fid_s} | {when} |")
     if official:

@@ -85,6 +85,29 @@ def use_cache_dir() -> Path:
     return d
 
 
+# How many graphs dynamo keeps per step function (``recompile_limit``) and over the process
+# (``accumulated_recompile_limit``). A decode step is compiled once per batch size, pass width, KV-length bucket and
+# sampler setting, and dynamo keeps one list of graphs per Python function, shared by every sampler that runs it
+# (sjd, gsd, lantern and scd all run ``jacobi_step``). One `vgen bench +experiment=readme` process needs about 200
+# graphs of ``jacobi_step``; past the limit dynamo silently runs the step eager, with a warning (a 64-graph limit
+# made compiled ``scd`` run 0.42x compiled ``ar`` there: docs/lab/benchmarks-log.md, "recompile limit"). A step
+# looks up its graph most-recently-used first, so a long list costs a loop nothing while its shape stays.
+RECOMPILE_LIMIT = 1024
+ACCUMULATED_RECOMPILE_LIMIT = 8192
+
+
+def raise_recompile_limits() -> None:
+    """Let dynamo keep :data:`RECOMPILE_LIMIT` graphs per function and :data:`ACCUMULATED_RECOMPILE_LIMIT` in all
+    (never lowers a limit the user raised further; torch versions before the rename use ``cache_size_limit``)."""
+    import torch._dynamo
+    cfg = torch._dynamo.config
+    for names, least in ((("recompile_limit", "cache_size_limit"), RECOMPILE_LIMIT),
+                         (("accumulated_recompile_limit", "accumulated_cache_size_limit"), ACCUMULATED_RECOMPILE_LIMIT)):
+        name = next((n for n in names if hasattr(cfg, n)), None)
+        if name is not None:
+            setattr(cfg, name, max(getattr(cfg, name), least))
+
+
 @functools.cache
 def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     """A process-wide compiled version of a step function (compiled once per model and settings; dynamo's
@@ -98,9 +121,8 @@ def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     waits on. The KV cache's tensors are static addresses there (:class:`vgen.kernels.kv_cache.KVCache`), so the
     replay updates the cache in place; each call's outputs are copied out of the graph's memory (the next replay
     overwrites it), see :func:`graphed`."""
-    import torch._dynamo
     use_cache_dir()
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    raise_recompile_limits()
     if device == "cuda":
         return graphed(torch.compile(fn, dynamic=dynamic, mode="reduce-overhead", fullgraph=True),
                        lambda: torch.compile(fn, dynamic=dynamic, backend="cudagraphs", fullgraph=True),

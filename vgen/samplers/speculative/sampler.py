@@ -155,6 +155,8 @@ class SpeculativeSampler(Sampler):
             return self.per_pass(model, cond, seeds, progress, batch_size, codebook, prefix, draft, given)
         elif self.width_rule == "job" and (given or worth_timing(self.timed_widths(), b, samples)):
             w, rule = self.job_width(model, b, codebook, given), "job"
+            if w > 1 and not given:  # the guard: the chosen width against AR's own loop, timed whole
+                w, rule = self.confirm_width(w, model, b, samples, codebook, draft)
         else:
             return self.run_auto(model, cond, seeds, progress, batch_size, codebook, prefix, draft)
         return self.run_chosen(w, rule, model, cond, seeds, progress, batch_size, codebook, prefix, draft)
@@ -196,6 +198,16 @@ class SpeculativeSampler(Sampler):
         if not can_pay(costs, 1):  # no width pays even if every draft passes
             return 1
         return best_job_width(costs, pass_tokens(self, model, [w for w in costs if w > 1], codebook))
+
+    def confirm_width(self, w: int, model, batch: int, samples: int, codebook=None, draft=None) -> tuple[int, str]:
+        """The job rule's width ``w`` timed whole against AR's own loop in paired rounds (the timed rule's
+        :func:`~vgen.samplers.speculative.widths.timed_width` with this one width; cached): ``w`` where it beat AR's
+        loop, else 1. The pass-cost table times the step alone, against the sampler's own width-1 step; a compiled AR
+        loop can be faster than either suggests (compiled ``scd`` chose width 16 at batch 1 on photos-gpt and ran
+        0.75x compiled ``ar`` before this check, docs/lab/benchmarks-log.md#recompile-limit)."""
+        timed = timed_width(self, model, [w], batch, lambda ww, c, s: self.run_width(
+            ww, model, c, s, batch, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples)
+        return (w, "job") if timed is None else (timed[0], "job, timed")
 
     def per_pass(self, model, cond, seeds, progress, batch_size, codebook, prefix, draft, given: str):
         """window=auto with given relative costs: each sample's width before every pass
