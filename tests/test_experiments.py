@@ -46,7 +46,7 @@ def test_experiment_composes_and_passes_the_checks(path):
         hf_speed.check_zoo(cfg)
 
 
-def test_a_broken_experiment_setting_is_caught(tmp_path):
+def test_a_broken_experiment_setting_is_caught():
     """The check above can fail: the readme experiment with a misspelt sampler option does."""
     from vgen.errors import VGenError
     from vgen.eval.bench import plan

@@ -16,7 +16,8 @@ how ``window=auto`` chooses: a coupled draft's acceptance grows with the passes 
 redrawn only where p moved), so the acceptance of narrow passes says little about wide ones, and a per-pass choice
 from it stays narrow. ``scd`` therefore picks one width for the whole job: the most tokens per second from the
 measured pass costs and tokens per pass at each fixed width, calibrated once per model and settings on samples of
-its own (``pass_tokens``); where none beats a plain step it runs AR's loop (with the Gumbel draw).
+its own (``pass_tokens``), then that width timed whole against AR's loop (the timed rule's paired rounds); where
+none beats a plain step, or the timed width does not beat AR's loop, it runs AR's loop (with the Gumbel draw).
 
 ``sjd``, ``gsd`` and ``lantern`` take ``coupling=maximal`` too; Gumbel coupling needs equality checks, which their
 relaxed rules are not.

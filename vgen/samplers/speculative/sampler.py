@@ -185,10 +185,16 @@ class SpeculativeSampler(Sampler):
         """window=auto's one width for a job of ``samples`` samples, ``batch`` per pass (1: AR's loop), and how it
         was chosen: "timed" or "cached" (:func:`~vgen.samplers.speculative.widths.timed_width`), or for a job too small to
         repay the timing "prior" or "fallback" (:func:`~vgen.samplers.speculative.prior.prior_width`)."""
-        timed = timed_width(self, model, self.timed_widths(), batch, lambda w, c, s: self.run_width(
+        timed = self.time_widths(self.timed_widths(), model, batch, samples, codebook, draft, progress)
+        return timed if timed is not None else prior_width(self, model, batch, samples, codebook, draft)
+
+    def time_widths(self, widths: list[int], model, batch: int, samples: int, codebook=None, draft=None,
+                    progress: bool = False) -> tuple[int, str] | None:
+        """The timed rule (:func:`~vgen.samplers.speculative.widths.timed_width`) over AR's loop and this sampler
+        at each of ``widths``, ``batch`` samples per pass, for a job of ``samples``."""
+        return timed_width(self, model, widths, batch, lambda w, c, s: self.run_width(
             w, model, c, s, batch, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples,
             progress=progress)
-        return timed if timed is not None else prior_width(self, model, batch, samples, codebook, draft)
 
     def job_width(self, model, batch: int, codebook=None, given: str = "") -> int:
         """The job rule (``width_rule = "job"``): one width from pass costs (``given``, else measured for ``batch``)
@@ -205,8 +211,7 @@ class SpeculativeSampler(Sampler):
         loop, else 1. The pass-cost table times the step alone, against the sampler's own width-1 step; a compiled AR
         loop can be faster than either suggests (compiled ``scd`` chose width 16 at batch 1 on photos-gpt and ran
         0.75x compiled ``ar`` before this check, docs/lab/benchmarks-log.md#recompile-limit)."""
-        timed = timed_width(self, model, [w], batch, lambda ww, c, s: self.run_width(
-            ww, model, c, s, batch, codebook=codebook, draft=draft), ident=self.timing_ident(draft), job=samples)
+        timed = self.time_widths([w], model, batch, samples, codebook, draft)
         return (w, "job") if timed is None else (timed[0], "job, timed")
 
     def per_pass(self, model, cond, seeds, progress, batch_size, codebook, prefix, draft, given: str):
