@@ -57,3 +57,45 @@ def test_the_tree_is_the_branches_then_the_main_path(micro_gpt):
     assert pac_paths(2, 3, 2) == ((0,), (1,), (2,))  # the tree never branches past the window
     with pytest.raises(VGenError, match="tree_width and tree_depth must be >= 1"):
         sample(micro_gpt, [0], "pac", tree_width=0)
+
+
+def test_trees_parse_and_refuse_bad_ones(micro_gpt):
+    from vgen.samplers import get_sampler
+    assert get_sampler("pac").timed_widths() == [8, "2x1"]  # the default tree at max_window, and 2 x 1 there
+    assert get_sampler("pac", max_window=4, trees="2x1, 3x2,2x1").timed_widths() == [4, "2x1"]  # its own tree once
+    assert get_sampler("pac", trees="").timed_widths() == [8]
+    with pytest.raises(VGenError, match="trees must look like '2x1,3x1'"):
+        sample(micro_gpt, [0], "pac", trees="2by1")
+    with pytest.raises(VGenError, match="a tree of width 9 and depth 3 has 819 nodes"):
+        sample(micro_gpt, [0], "pac", trees="2x1,9x3")
+
+
+def test_timed_choice_takes_a_tree_among_widths():
+    """The timed rule's keys may name a sampler's other candidates (pac's trees): the best qualified one wins."""
+    from vgen.samplers.speculative.widths import timed_choice
+    ar = [100, 100, 100]
+    assert timed_choice({1: ar, 8: [104, 105, 103], "2x1": [130, 128, 131]}) == "2x1"
+    assert timed_choice({1: ar, 8: [140, 139, 141], "2x1": [130, 128, 131]}) == 8
+    assert timed_choice({1: ar, 8: [90, 91, 92], "2x1": [99, 101, 100]}) == 1
+
+
+def test_window_auto_times_the_narrower_trees_and_runs_the_chosen_one(tiny_gpt, tmp_path, monkeypatch):
+    """window=auto times AR's loop, this tree and each of ``trees`` at max_window once (cached, the tree's key
+    its name); the job runs the chosen tree at max_window, its tokens that fixed tree's, and the stats name it."""
+    import json
+
+    from vgen.samplers.speculative import widths
+    monkeypatch.setenv("VGEN_CACHE", str(tmp_path))
+    kw = dict(top_k=10, cfg_scale=2.0, max_window=3, tree_width=3, tree_depth=2)
+    first, st = sample(tiny_gpt, [0, 1], "pac", seed=2, trees="2x1", **kw)
+    (speeds,) = json.loads((tmp_path / "spec_speed.json").read_text()).values()
+    assert set(speeds) == {"1", "3", "2x1"} and all(min(v) > 0 for v in speeds.values())
+    chosen = widths.timed_choice({int(w) if w.isdigit() else w: v for w, v in speeds.items()})
+    tree = {1: None, 3: (3, 2), "2x1": (2, 1)}[chosen]
+    assert st.get("tree") == (None if tree is None else f"{tree[0]}x{tree[1]}")
+    assert st["window"] == (1 if tree is None else 3)
+    monkeypatch.setattr(widths, "timed_choice", lambda speeds, final=True: "2x1")  # the narrow tree, whatever ran
+    narrow, st = sample(tiny_gpt, [0, 1], "pac", seed=2, trees="2x1", **kw)
+    fixed, st_fixed = sample(tiny_gpt, [0, 1], "pac", seed=2, **{**kw, "window": 3, "tree_width": 2, "tree_depth": 1})
+    assert torch.equal(narrow, fixed) and st["tree"] == st_fixed["tree"] == "2x1" and st["window"] == 3
+    assert st["window_rule"] == "cached" and st["forward_passes"] == st_fixed["forward_passes"]

@@ -16,7 +16,7 @@ A sampler's stats (per run of N samples):
 
 Anything else (strings, option dicts) is carried from the first part. Labels kept in every record
 (:func:`numeric`): ``window_rule``, how a speculative sampler's ``window`` was chosen (fixed, timed, cached,
-prior, fallback, job, per-pass).
+prior, fallback, job, per-pass), and ``tree``, the tree pac ran (``'3x2'``: tree_width x tree_depth).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def merge_stats(parts: list[tuple[dict, int]]) -> dict:
     return out
 
 
-LABELS = ("window_rule",)
+LABELS = ("window_rule", "tree")
 
 
 def numeric(stats: dict) -> dict:

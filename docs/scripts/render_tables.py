@@ -75,6 +75,8 @@ def speculative(reps: list[dict]) -> str:
             name, _, opts = r["sampler"].partition(":")
             mode = "eager" if "compile=false" in opts or not c.get("compile", True) else "compiled"
             width = "" if name == "ar" else "AR's loop" if r.get("window") == 1 else str(r.get("window", ""))
+            if r.get("tree") and r.get("window") != 1:  # the tree pac's window=auto ran (tree_width x tree_depth)
+                width += f", tree {r['tree']}"
             share = f"{r['single_token_share']:.0%}" if r.get("single_token_share") is not None else ""
             extra = [o for o in opts.split(",") if o and not o.startswith(("window=", "compile="))]
             name = " ".join([name, *extra])  # the options that tell two cells apart (a draft, a tree)
@@ -104,16 +106,25 @@ def quantized(reps: list[dict]) -> str:
         for shape, by_fmt in ((rep.get("shapes") or {}).get("shapes") or {}).items():
             fl = next(e for k, e in by_fmt.items() if "@" not in k)
             widths = [w for w in ("2", "4", "8", "16") if w in fl["pass_cost"]]
+            # a compiled run (compile=true) times vgen's `ar` compiled and eager: both, each against float32's
+            both = any("vgen_eager" in a for e in by_fmt.values() for a in e["ar"].values())
+            runs = ["vgen", "vgen_eager"] if both else ["vgen"]
+            heads = ["compiled ms / token", "x float32", "eager ms / token", "x float32"] if both else \
+                ["vgen ms / token", "x float32"]
             lines += ["", f"LlamaGen-{shape}'s released shape (random weights, {fl['params_m']:.0f}M parameters, CFG 4, "
-                          "256 tokens; vgen's `ar` eager and the official loop's per-step work on the same weights):", "",
-                      "| weights | weight MB | batch | vgen ms / token | x float32 | official loop ms / token | "
-                      + " | ".join(f"{w}-token pass" for w in widths) + " |", "|---|---|---|---|---|---|" + "---|" * len(widths)]
+                          f"256 tokens; vgen's `ar` {'compiled and eager' if both else 'eager'} and the official "
+                          "loop's per-step work on the same weights):", "",
+                      "| weights | weight MB | batch | " + " | ".join(heads) + " | official loop ms / token | "
+                      + " | ".join(f"{w}-token pass" for w in widths) + " |",
+                      "|---|---|---|" + "---|" * (len(heads) + 1 + len(widths))]
             for k, e in by_fmt.items():
                 for b, a in e["ar"].items():
-                    f0 = fl["ar"][b]["vgen"]["ms_per_token"]
-                    lines.append(f"| {k.partition('@')[2] or k} | {e['weight_mb']:.0f} | {b} | {a['vgen']['ms_per_token']:.1f} | "
-                                 f"{f0 / a['vgen']['ms_per_token']:.2f} | "
-                                 + (f"{a['official']['ms_per_token']:.1f}" if "official" in a else "") + " | "
+                    cells = []
+                    for run in runs:
+                        f0 = fl["ar"][b][run]["ms_per_token"]
+                        cells += [f"{a[run]['ms_per_token']:.1f}", f"{f0 / a[run]['ms_per_token']:.2f}"]
+                    lines.append(f"| {k.partition('@')[2] or k} | {e['weight_mb']:.0f} | {b} | " + " | ".join(cells)
+                                 + " | " + (f"{a['official']['ms_per_token']:.1f}" if "official" in a else "") + " | "
                                  + " | ".join(f"{e['pass_cost'][w]:.2f}x" for w in widths) + " |")
         for name, e in (rep.get("transformers") or {}).get("models", {}).items():
             q = e.get("quantized") or {}

@@ -5,10 +5,12 @@ Each pass verifies a static tree (:mod:`vgen.samplers.speculative.pac`): ``tree_
 first ``tree_depth`` undecided positions, drawn without replacement from the distributions the last pass computed
 there, then one chain out to ``window - 1`` drafts. Siblings are checked by recursive rejection sampling, so every
 token has the AR sampler's distribution; ``continuation`` keeps last pass's drafts where the new distribution allows
-them (a maximal coupling, as ``scd``'s ``coupling=maximal``).
+them (a maximal coupling, as ``scd``'s ``coupling=maximal``). ``window=auto`` times this tree and each of ``trees``
+(narrower ones: every node is a row of the pass) at ``max_window`` against AR's loop and runs the fastest.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -31,11 +33,15 @@ class PacOptions(SpeculativeOptions):
     """The tree (``tree_width`` x ``tree_depth``, then a chain to ``window - 1`` drafts), the continuation and the
     drafts of new positions (``init``, ``fresh_q``, as sjd's)."""
     window: int | str = option("auto", "the main path's tokens per pass: the last decided one plus window-1 drafts "
-                               "(the tree's branches sit on its first tree_depth positions); auto: this tree at "
-                               "max_window or AR's own loop, whichever is faster (timed once per model, device, "
-                               "settings and the job's batch size)")
+                               "(the tree's branches sit on its first tree_depth positions); auto: this tree or one "
+                               "of trees at max_window, or AR's own loop, whichever is fastest (timed once per model, "
+                               "device, settings and the job's batch size)")
     tree_width: int = option(3, "candidates at each branched position (1: a chain, sjd with the continuation)")
     tree_depth: int = option(2, "positions after the decided prefix that branch (each node has tree_width children)")
+    trees: str = option("2x1", "window=auto: narrower trees (width x depth, comma-separated) timed beside tree_width x "
+                        "tree_depth at max_window, the fastest that beats AR's loop running the job (every node is a "
+                        "row of the pass: where rows cost, as on a CPU, a narrow tree can pay when the wide one "
+                        "cannot); '': that tree only")
     continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
                                 "coupling); false: fresh draws (the ablation)")
     init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
@@ -45,11 +51,31 @@ class PacOptions(SpeculativeOptions):
         super().validate(spec)
         if self.tree_width < 1 or self.tree_depth < 1:
             raise VGenError(f"tree_width and tree_depth must be >= 1, got {self.tree_width} and {self.tree_depth}")
-        nodes = sum(self.tree_width ** d for d in range(1, self.tree_depth + 1))
-        if nodes > 512:
-            raise VGenError(f"a tree of width {self.tree_width} and depth {self.tree_depth} has {nodes} nodes: one "
-                            "pass would feed them all; use a narrower or shallower tree (<= 512 nodes)")
+        for width, depth in [(self.tree_width, self.tree_depth), *map(parse_tree, tree_list(self.trees))]:
+            nodes = sum(width ** d for d in range(1, depth + 1))
+            if nodes > 512:
+                raise VGenError(f"a tree of width {width} and depth {depth} has {nodes} nodes: one pass would feed "
+                                "them all; use a narrower or shallower tree (<= 512 nodes)")
         check_init(self.init, spec)
+
+
+def tree_list(text: str) -> list[str]:
+    """``'2x1, 3x1'`` -> ['2x1', '3x1'] (each checked by :func:`parse_tree`)."""
+    trees = [t.strip() for t in text.split(",") if t.strip()]
+    for t in trees:
+        parse_tree(t)
+    return trees
+
+
+def parse_tree(text: str) -> tuple[int, int]:
+    """``'2x1'`` -> (tree_width 2, tree_depth 1)."""
+    try:
+        width, depth = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        width = depth = 0
+    if width < 1 or depth < 1:
+        raise VGenError(f"trees must look like '2x1,3x1' (tree_width x tree_depth, each >= 1), got {text!r}")
+    return width, depth
 
 
 def pac_tables(window: int, width: int, depth: int, device: torch.device) -> PacTables:
@@ -84,5 +110,34 @@ class PacSampler(SpeculativeSampler):
         window = o.window if o.window != "auto" else o.max_window
         return PacTree(model, config, slots, self.tables(model, window), o.init, o.fresh_q, o.continuation)
 
-    def timed_widths(self) -> list[int]:
-        return [self.options.max_window]  # one tree (at max_window) against AR's loop
+    def tree(self) -> str:
+        """This sampler's tree, ``'<tree_width>x<tree_depth>'``."""
+        return f"{self.options.tree_width}x{self.options.tree_depth}"
+
+    def with_tree(self, tree: str) -> PacSampler:
+        """This sampler with the tree ``tree`` (``'2x1'``) and no other to time."""
+        width, depth = parse_tree(tree)
+        run = copy.copy(self)
+        run.options = dataclasses.replace(self.options, tree_width=width, tree_depth=depth, trees="")
+        return run
+
+    def timed_widths(self) -> list[int | str]:
+        """window=auto times this tree at max_window, and each of ``trees`` (keys ``'2x1'``) at max_window."""
+        return [self.options.max_window, *[t for t in dict.fromkeys(tree_list(self.options.trees)) if t != self.tree()]]
+
+    def run_width(self, window, model, cond, seeds, batch_size: int, progress: bool = False, codebook=None,
+                  prefix=None, draft=None):
+        if isinstance(window, str):  # one of ``trees``, at max_window
+            return self.with_tree(window).run_width(self.options.max_window, model, cond, seeds, batch_size, progress,
+                                                    codebook, prefix, draft)
+        return super().run_width(window, model, cond, seeds, batch_size, progress, codebook, prefix, draft)
+
+    def run_chosen(self, w, rule: str, model, cond, seeds, progress, batch_size, codebook=None, prefix=None,
+                   draft=None):
+        """As every speculative sampler's, ``w`` may be one of ``trees`` (run at max_window); the stats name the
+        tree that ran (``tree``, with ``window``) unless AR's loop did."""
+        if isinstance(w, str):
+            return self.with_tree(w).run_chosen(self.options.max_window, rule, model, cond, seeds, progress,
+                                                batch_size, codebook, prefix, draft)
+        tokens, stats = super().run_chosen(w, rule, model, cond, seeds, progress, batch_size, codebook, prefix, draft)
+        return tokens, stats if w == 1 else {**stats, "tree": self.tree()}

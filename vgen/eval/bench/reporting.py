@@ -33,7 +33,7 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
         row["compile"] = p.sampler_options(v, m)[1].get("compile")  # what the cell ran: True, False or "auto"
         for k in ("nll", "acceptance_rate", "kv_full_bytes", "kv_fraction", "kv_kept_fraction", "draft_passes",
                   "transformer_seconds", "head_seconds", "target_transformer_seconds", "target_head_seconds",
-                  "draft_seconds", "verify_seconds", "accepted_by_depth", "window", "window_rule", "window_seconds",
+                  "draft_seconds", "verify_seconds", "accepted_by_depth", "window", "window_rule", "tree", "window_seconds",
                   "pass_histogram"):
             if k in r0:
                 row[k] = r0[k]

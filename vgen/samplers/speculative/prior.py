@@ -77,10 +77,16 @@ def ar_step(model, options, batch: int):
     return lambda cache: ar_decode_step(model, cache, tok, pos, u, **kw)[0]
 
 
+def prior_widths(sampler) -> list[int]:
+    """The widths among ``sampler``'s timed ones; its other timed candidates (pac's narrower trees, ``'2x1'``) are
+    the timed rule's only."""
+    return [w for w in sampler.timed_widths() if isinstance(w, int)]
+
+
 def prior_costs(sampler, model, batch: int, codebook=None, draft=None) -> dict[int, float]:
     """Eager seconds per pass of AR's step (key 0) and of ``sampler`` at each of its timed widths, for ``batch``
     samples (cached: :func:`~vgen.samplers.speculative.tables.pass_costs`)."""
-    widths = sampler.timed_widths()
+    widths = prior_widths(sampler)
     config = sampler.step_config(model, max(widths))
     source = sampler.draft_source(model, config, batch, draft)
     with torch.inference_mode():
@@ -133,7 +139,7 @@ def prior_width(sampler, model, batch: int, samples: int, codebook=None, draft=N
     if sampler.options.compile:
         return 1, "fallback"
     costs = prior_costs(sampler, model, batch, codebook, draft)
-    depth = {w: sampler.pass_depth(w) for w in sampler.timed_widths()}
+    depth = {w: sampler.pass_depth(w) for w in prior_widths(sampler)}
     margin = PRIOR_MARGIN if batch == 1 else PRIOR_BATCH_MARGIN
     widths = [w for w, d in depth.items() if d * costs[0] / costs[w] >= margin]  # could pay if every draft passed
     if not widths:

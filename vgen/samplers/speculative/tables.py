@@ -16,7 +16,8 @@ from vgen.samplers.speculative.step import SlotState, StepConfig
 
 def width_table(file: str, ident: list):
     """A per-width table cached in ``$VGEN_CACHE/<file>`` under the hash of ``ident``: (path, the whole file, this
-    table's key, its known {width: value})."""
+    table's key, its known {width: value}); a width is an int, or a sampler's other timed candidate's name (pac's
+    ``'2x1'`` tree)."""
     import hashlib
     import json
 
@@ -31,7 +32,7 @@ def width_table(file: str, ident: list):
         table = {}
     entry = table.get(name)
     try:
-        known = {int(w): v for w, v in entry.items()} if isinstance(entry, dict) else {}
+        known = {int(w) if w.isdigit() else w: v for w, v in entry.items()} if isinstance(entry, dict) else {}
     except (TypeError, ValueError):
         known = {}
     return path, table, name, known

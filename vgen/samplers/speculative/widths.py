@@ -154,8 +154,8 @@ def timed_choice(speeds: dict[int, list[float]], final: bool = True) -> int | No
     if not bounds:
         return 1
     margin, floor = math.log(TIMED_MARGIN), math.log(TIMED_FLOOR)
-    qualified = [w for w, (m, lo, _) in sorted(bounds.items()) if m >= margin and lo >= floor]
-    lead = max(sorted(bounds), key=lambda w: bounds[w][0])
+    qualified = [w for w, (m, lo, _) in bounds.items() if m >= margin and lo >= floor]  # in the speeds' order
+    lead = max(bounds, key=lambda w: bounds[w][0])
     if not final and lead not in qualified and bounds[lead][2] >= margin:
         return None
     return max(qualified, key=lambda w: bounds[w][0]) if qualified else 1
@@ -235,7 +235,7 @@ def timed_width(sampler, model, widths: list[int], batch: int, run, ident: tuple
             speeds = timed_rounds(widths, time_one, more_rounds)
             bar.close()
         known.update(speeds)
-        table[name] = {str(w): v for w, v in sorted(known.items())}
+        table[name] = {str(w): v for w, v in known.items()}
         atomic_write_json(path, table)
     return timed_choice({w: known[w] for w in [1] + widths}), how
 
