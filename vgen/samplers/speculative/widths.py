@@ -143,7 +143,7 @@ def ratio_bounds(ar: list[float], speeds: list[float]) -> tuple[float, float, fl
     return mean, mean - half, mean + half
 
 
-def timed_choice(speeds: dict[int, list[float]], final: bool = True) -> int | None:
+def timed_choice(speeds: dict[int | str, list[float]], final: bool = True) -> int | str | None:
     """The timed rule's decision from tokens per second per round (``speeds[1]``: AR's loop; round r of every width
     was timed next to round r of AR's). A width qualifies when its mean log ratio to AR's loop is at least
     log(``TIMED_MARGIN``) and its lower 95% bound at least log(``TIMED_FLOOR``) (:func:`ratio_bounds`); the
