@@ -69,10 +69,11 @@ def sample(cfg: DictConfig):
 def bench(cfg: DictConfig):
     from vgen import validate
     from vgen.configs import record_config
-    from vgen.eval import hf_speed, shapes
+    from vgen.eval import hf_speed, load_memory, shapes
     from vgen.eval.bench import plan, report, run
     p = plan(cfg)  # every setting checked before anything is written or loaded
     measure_shapes = shapes.check(cfg)  # the released GPT shapes with random weights (+experiment=gpu)
+    measure_loads = load_memory.check(cfg)  # loading their checkpoints: peak memory (+experiment=quantized-load)
     measure_hf = hf_speed.check(cfg)  # Janus / Emu3 shapes against transformers' generate (+experiment=transformers)
     measure_hf_zoo = hf_speed.check_zoo(cfg)  # samplers on the zoo's transformers model (photos-emu3)
     out = validate.outdir(cfg.outdir)
@@ -86,6 +87,14 @@ def bench(cfg: DictConfig):
         print(table)
         atomic_write_json(out / "bench.json", rep)
         md = (out / "bench.md").read_text() + "\n## Released GPT shapes (random weights)\n\n" + table + "\n"
+        atomic_write_bytes(out / "bench.md", md.encode())
+    if measure_loads:
+        from vgen.io import atomic_write_bytes, atomic_write_json
+        rep["loads"] = load_memory.run(cfg)
+        table = load_memory.markdown(rep["loads"])
+        print(table)
+        atomic_write_json(out / "bench.json", rep)
+        md = (out / "bench.md").read_text() + "\n## Loading released GPT shapes (random weights)\n\n" + table + "\n"
         atomic_write_bytes(out / "bench.md", md.encode())
     if measure_hf or measure_hf_zoo:
         from vgen.io import atomic_write_bytes, atomic_write_json

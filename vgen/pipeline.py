@@ -111,26 +111,37 @@ class Pipeline:
             model.examples = self.encode(calibration)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None) -> Pipeline:
+    def from_pretrained(cls, name_or_path: str = "photos-gpt", device="cpu", dtype=None, quantize: str | None = None,
+                        quantize_group: int = 32) -> Pipeline:
         device, dtype = validate.device(device), validate.dtype(dtype)
-        return cls.from_card(Card.load(validate.name_or_path(name_or_path)), device, dtype)
+        return cls.from_card(Card.load(validate.name_or_path(name_or_path)), device, dtype, quantize, quantize_group)
 
     @classmethod
-    def from_card(cls, card: Card, device="cpu", dtype=None) -> Pipeline:
-        """The pipeline a loaded card describes: its model and tokenizer files read."""
+    def from_card(cls, card: Card, device="cpu", dtype=None, quantize: str | None = None,
+                  quantize_group: int = 32) -> Pipeline:
+        """The pipeline a loaded card describes: its model and tokenizer files read; ``quantize``: the model's linear
+        layers quantized while they load (:func:`vgen.models.loading.load_official`), as :meth:`quantize` would."""
+        from vgen.kernels.quant import check_mode
         device, dtype = validate.device(device), validate.dtype(dtype)
+        quantize = check_mode(quantize, quantize_group)
         card.check_files()
         text = None
         needs_text = kind_of(card).needs_text_encoder
         if needs_text:
             from vgen.models.text import check_folder, find_folder
             check_folder(find_folder(card.text_encoder_path))  # before any weights load
-        model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype, **card.model_config)
+        model = load_official(card.model_kind, card.model_path, device=device, dtype=dtype, quantize=quantize,
+                              quantize_group=quantize_group, **card.model_config)
         tok = load_official(card.tokenizer_kind, card.tokenizer_path, device=device)
         if needs_text:
             from vgen.models.text import TextEncoder
             text = TextEncoder.load(card.text_encoder_path, model.cond_len, device=device)
-        return cls(model, tok, card, text)
+        pipe = cls(model, tok, card, text)
+        if quantize is not None:
+            from vgen.kernels.quant import summary
+            pipe.quantization = {"mode": quantize, "group_size": quantize_group if quantize == "int4" else None,
+                                 **summary(model, tuple(getattr(model, "quantize_skip", ())))}
+        return pipe
 
     def quantize(self, mode: str, group_size: int = 32) -> dict:
         """The model's linear layers in int8 / int4 weights (:func:`vgen.kernels.quant.quantize_model`; the model
@@ -208,11 +219,11 @@ class Pipeline:
             base, mode = split_draft(name)
             if base == "self":
                 model = copy.deepcopy(self.model) if mode else self.model
-            else:
-                model = Pipeline.from_card(self.card.draft_card(base), device=self.device).model
-            if mode:
-                from vgen.kernels.quant import quantize_model
-                quantize_model(model, mode, 32)
+                if mode:
+                    from vgen.kernels.quant import quantize_model
+                    quantize_model(model, mode, 32)
+            else:  # quantized while it loads
+                model = Pipeline.from_card(self.card.draft_card(base), device=self.device, quantize=mode).model
             drafts[name] = model
         return drafts[name]
 
@@ -332,7 +343,7 @@ def pipeline_for(card: Card, device="cpu", dtype=None, quantize: str | None = No
     for accepts, load, make_card in loaders():
         if make_card is not None and card.external and accepts(card.model_file):
             return _quantized(load(card.model_file, device=device, dtype=dtype), quantize, quantize_group)
-    return _quantized(Pipeline.from_card(card, device=device, dtype=dtype), quantize, quantize_group)
+    return Pipeline.from_card(card, device=device, dtype=dtype, quantize=quantize, quantize_group=quantize_group)
 
 
 def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, quantize: str | None = None,
@@ -350,7 +361,7 @@ def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, quantize: 
             return _quantized(load(name, device=device, dtype=dtype, **options), quantize, quantize_group)
     if options:
         raise VGenError(f"unknown option(s) {sorted(options)} for a vgen pipeline (they are for hf:// models)")
-    return _quantized(Pipeline.from_pretrained(name, device=device, dtype=dtype), quantize, quantize_group)
+    return Pipeline.from_pretrained(name, device=device, dtype=dtype, quantize=quantize, quantize_group=quantize_group)
 
 
 LLAMAGEN_T2I = {  # stage -> (GPT file, tokens per side, pixels per side); FoundationVision/LlamaGen's releases

@@ -35,7 +35,8 @@ def main(which="host"):
         for case in F64_CASES:
             print(f"    {case!r}:\n        {G.core_values(case, pipes, torch.float64)!r},", flush=True)
         return
-    print(f"# host class {G.HOST}")
+    print(f"# host class {G.HOST} (CPU family: {G.HOST_MODEL}; key a table by it where another family of the same "
+          "class passes the class's table)")
     print("# HOST_BYTES entries")
     for case in G.GOLDEN:
         got = G.golden_values(case, pipes)

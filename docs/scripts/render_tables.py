@@ -193,6 +193,17 @@ def pass_costs(reps: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def quantized_load(reps: list[dict]) -> str:
+    """``vgen bench +experiment=quantized-load``: the peak memory of loading released-shape checkpoints, float32, then
+    quantized, and quantized while loading (the table is vgen.eval.load_memory's)."""
+    from vgen.eval.load_memory import markdown
+    lines = []
+    for rep in reps:
+        lines += [f"LlamaGen's class-conditional GPTs at their released shapes, random weights, each load in a fresh "
+                  f"process ({machine(rep)}):", "", markdown(rep["loads"]), ""]
+    return "\n".join(lines)
+
+
 def gpu_name(rep: dict, file: str) -> str:
     """The GPU a run used: its JSON's record, else its file's name (the early GPU runs recorded none), said so."""
     named = rep.get("machine", {}).get("gpu") or rep.get("gpu") or (rep.get("shapes") or {}).get("gpu")
@@ -481,7 +492,8 @@ def readme(reps: list[dict], files: list[str]) -> str:
 
 RENDERERS = {"small-jobs": small_jobs, "bench": bench, "readme": readme, "transformers": transformers,
              "lumina": lumina, "tokens-per-pass": tokens_per_pass, "speculative": speculative, "quantized": quantized,
-             "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes}
+             "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs,
+             "quantized-load": quantized_load, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes}
 WITH_FILES = ("gpu-zoo", "gpu-shapes", "bench", "readme", "transformers", "lumina", "tokens-per-pass")  # renderers that read the files' names too
 
 

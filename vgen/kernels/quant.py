@@ -82,12 +82,26 @@ def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) ->
     return torch._weight_int8pack_mm(x, qweight, scale)
 
 
+CHUNK = 1 << 20  # weights quantized at a time (rows of a matrix): float temporaries of 4 MB however large it is
+
+
+def row_chunks(weight: torch.Tensor):
+    """Row slices of a matrix of about :data:`CHUNK` elements each (every computation here is per row or per group
+    within a row, so chunking changes no byte)."""
+    step = max(1, CHUNK // max(1, weight.shape[-1]))
+    return [slice(i, i + step) for i in range(0, weight.shape[0], step)]
+
+
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A (rows, K) matrix -> its int8 codes (symmetric, -127..127) and one scale per row in the matrix's dtype:
     ``w ~ q * s`` (a linear layer's output channels, an embedding table's rows)."""
-    w = weight.detach().float()
-    scale = w.abs().amax(1).clamp_min(1e-12) / 127
-    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.to(weight.dtype)
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for rows in row_chunks(weight):
+        w = weight[rows].detach().float()
+        scale[rows] = w.abs().amax(1).clamp_min(1e-12) / 127
+        q[rows] = torch.round(w / scale[rows, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale.to(weight.dtype)
 
 
 class Int8Linear(nn.Module):
@@ -178,13 +192,18 @@ class Int4Linear(nn.Module):
         """``cpu_kernel``: store the CPU kernel's packed layout (default: where the weight is on the CPU) or the
         portable one (two codes a byte, dequantized in the call)."""
         super().__init__()
-        w = linear.weight.detach().float()
+        w = linear.weight.detach()
         N, K = w.shape
         G = group_size
-        wg = w.reshape(N, K // G, G)
-        lo, hi = wg.amin(-1), wg.amax(-1)
-        scale = ((hi - lo) / 15).clamp_min(1e-12)
-        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).reshape(N, K)
+        q = torch.empty(N, K, dtype=torch.int32, device=w.device)
+        scale = torch.empty(N, K // G, dtype=torch.float32, device=w.device)
+        lo = torch.empty_like(scale)
+        for rows in row_chunks(w):  # per group of a row: chunked, the same bytes with small temporaries
+            wg = w[rows].float().reshape(-1, K // G, G)
+            lo[rows], hi = wg.amin(-1), wg.amax(-1)
+            scale[rows] = ((hi - lo[rows]) / 15).clamp_min(1e-12)
+            q[rows] = torch.round((wg - lo[rows, :, None]) / scale[rows, :, None]).clamp(0, 15).to(
+                torch.int32).reshape(-1, K)
         zero = lo + 8 * scale  # tinygemm's form: w ~ (q - 8) * scale + zero
         self.in_features, self.out_features, self.group_size = K, N, G
         self.cpu_kernel = w.device.type == "cpu" if cpu_kernel is None else cpu_kernel
@@ -224,24 +243,45 @@ class Int4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int4, group_size={self.group_size}"
 
 
+def skipped(name: str, skip: tuple[str, ...]) -> bool:
+    """Whether the layer at ``name`` sits under a child named in ``skip`` (kept in float by the model's choice)."""
+    return any(name == s or name.startswith(s + ".") for s in skip)
+
+
+def fits(lin: nn.Module, mode: str, group_size: int = 32) -> bool:
+    """Whether a linear layer can be stored in ``mode``: int8 always; int4 when its input width is whole groups and its
+    outputs a multiple of 16 (the kernel's shapes)."""
+    return mode == "int8" or not (lin.in_features % group_size or lin.out_features % 16)
+
+
+def quantized_layer(lin: nn.Module, mode: str, group_size: int = 32) -> nn.Module:
+    """The int8 / int4 form of one linear layer (its weight read once; the float weight is not kept)."""
+    return Int8Linear(lin) if mode == "int8" else Int4Linear(lin, group_size)
+
+
+def summary(module: nn.Module, skip: tuple[str, ...] = ()) -> dict:
+    """``{"quantized": n, "kept": m, "weight_bytes": b}`` of a module as it is: layers in int8 / int4, linear layers
+    left in float outside ``skip`` (int4's shapes), and the bytes its parameters and buffers take."""
+    done = kept = 0
+    for name, m in module.named_modules():
+        if type(m) in (Int8Linear, Int4Linear):
+            done += 1
+        elif type(m) in LINEARS and not skipped(name, skip):
+            kept += 1
+    return {"quantized": done, "kept": kept, "weight_bytes": weight_bytes(module)}
+
+
 def quantize_linears(module: nn.Module, mode: str, group_size: int = 32, skip: tuple[str, ...] = ()) -> dict:
     """Replace every ``nn.Linear`` under ``module`` (except those under a child named in ``skip``) by its int8 / int4
-    form, in place. Returns ``{"quantized": n, "kept": m, "weight_bytes": b}``: layers changed, layers left in float
-    (int4: an input width the group does not divide, or outputs not a multiple of 16), and the bytes the module's
-    parameters and buffers now take."""
+    form, in place. Returns :func:`summary`: layers changed, layers left in float (int4: an input width the group does
+    not divide, or outputs not a multiple of 16), and the bytes the module's parameters and buffers now take."""
     check_mode(mode, group_size)
-    done = kept = 0
     for name, child in list(module.named_modules()):
         for cname, lin in list(child.named_children()):
             full = f"{name}.{cname}" if name else cname
-            if type(lin) not in LINEARS or any(full == s or full.startswith(s + ".") for s in skip):
-                continue
-            if mode == "int4" and (lin.in_features % group_size or lin.out_features % 16):
-                kept += 1  # the int4 kernel's shapes: whole groups, outputs in 16s
-                continue
-            setattr(child, cname, Int8Linear(lin) if mode == "int8" else Int4Linear(lin, group_size))
-            done += 1
-    return {"quantized": done, "kept": kept, "weight_bytes": weight_bytes(module)}
+            if type(lin) in LINEARS and not skipped(full, skip) and fits(lin, mode, group_size):
+                setattr(child, cname, quantized_layer(lin, mode, group_size))
+    return summary(module, skip)
 
 
 def quantize_model(model: nn.Module, mode: str, group_size: int = 32) -> dict:
