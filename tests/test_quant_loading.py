@@ -88,6 +88,19 @@ def test_every_zoo_model_and_tokenizer_streams_to_the_bytes_load_state_dict_give
         assert same(a, b) == []
 
 
+def test_a_state_dict_given_in_memory_is_copied_not_shared():
+    """load_official(kind, state_dict) streams from the caller's tensors: the model owns copies, as load_state_dict
+    gave it (training the source model must not move the loaded one)."""
+    torch.manual_seed(0)
+    src = build("gpt", **CONFIG)
+    sd = src.state_dict()
+    model = load_official("gpt", sd, n_head=4, block_size=16)
+    before = model.output.weight.detach().clone()
+    with torch.no_grad():
+        sd["output.weight"].add_(1.0)
+    assert torch.equal(model.output.weight, before)
+
+
 def test_safetensors_are_read_one_tensor_at_a_time_and_truncation_is_named(files, tmp_path):
     sd, _ = read_checkpoint(files / "m.safetensors", lazy=True)
     assert all(isinstance(v, Stored) for v in sd.values())

@@ -391,10 +391,13 @@ def stream_weights(model: nn.Module, sd: dict, device, dtype, quantize: str | No
     #                                     any other is held by its module alone, so a quantized layer frees it)
 
     def take(key: str, like: torch.Tensor) -> torch.Tensor:
-        t = open_tensor(sd[key]).to(like.dtype)
+        src = open_tensor(sd[key])
+        t = src.to(like.dtype)
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
-        return t.to(device)
+        t = t.to(device)
+        # a tensor of the caller's state dict is copied, as load_state_dict would (a file's are read fresh)
+        return t.clone() if t.data_ptr() == src.data_ptr() and not isinstance(sd[key], (Stored, Mapped)) else t
 
     modules = dict(model.named_modules())  # parents are looked up here; a replaced layer's entry is dropped
     loaded = None
