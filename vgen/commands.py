@@ -80,32 +80,29 @@ def bench(cfg: DictConfig):
     record_config(cfg, out)
     rep = report(p, *run(p))
     if measure_shapes:
-        from vgen.io import atomic_write_bytes, atomic_write_json
+        from vgen.io import atomic_write_json
         rep["shapes"] = shapes.run(cfg, done=lambda so_far: atomic_write_json(out / "bench.json",
                                                                               {**rep, "shapes": so_far}))
-        table = shapes.markdown(rep["shapes"])
-        print(table)
-        atomic_write_json(out / "bench.json", rep)
-        md = (out / "bench.md").read_text() + "\n## Released GPT shapes (random weights)\n\n" + table + "\n"
-        atomic_write_bytes(out / "bench.md", md.encode())
+        _add_section(out, rep, "Released GPT shapes (random weights)", shapes.markdown(rep["shapes"]))
     if measure_loads:
-        from vgen.io import atomic_write_bytes, atomic_write_json
         rep["loads"] = load_memory.run(cfg)
-        table = load_memory.markdown(rep["loads"])
-        print(table)
-        atomic_write_json(out / "bench.json", rep)
-        md = (out / "bench.md").read_text() + "\n## Loading released GPT shapes (random weights)\n\n" + table + "\n"
-        atomic_write_bytes(out / "bench.md", md.encode())
+        _add_section(out, rep, "Loading released GPT shapes (random weights)", load_memory.markdown(rep["loads"]))
     if measure_hf or measure_hf_zoo:
-        from vgen.io import atomic_write_bytes, atomic_write_json
         rep["transformers"] = hf_speed.run(cfg)
         rep["transformers_zoo"] = hf_speed.run_zoo(cfg)
-        table = hf_speed.markdown(rep["transformers"]) + "\n\n" + hf_speed.markdown_zoo(rep["transformers_zoo"])
-        print(table)
-        atomic_write_json(out / "bench.json", rep)
-        md = (out / "bench.md").read_text() + "\n## transformers' generate against vgen ar (random weights)\n\n" + table
-        atomic_write_bytes(out / "bench.md", (md + "\n").encode())
+        _add_section(out, rep, "transformers' generate against vgen ar (random weights)",
+                     hf_speed.markdown(rep["transformers"]) + "\n\n" + hf_speed.markdown_zoo(rep["transformers_zoo"]))
     return rep
+
+
+def _add_section(out, rep: dict, title: str, table: str) -> None:
+    """A bench measurement beyond the sampler table: printed, ``rep`` (holding it) rewritten as bench.json, and the
+    table appended to bench.md under ``title``."""
+    from vgen.io import atomic_write_bytes, atomic_write_json
+    print(table)
+    atomic_write_json(out / "bench.json", rep)
+    md = (out / "bench.md").read_text() + f"\n## {title}\n\n" + table + "\n"
+    atomic_write_bytes(out / "bench.md", md.encode())
 
 
 def eval(cfg: DictConfig):  # noqa: A001 (the command's name)

@@ -178,39 +178,43 @@ class Mapped:
         return t
 
 
+def _libc():
+    """The C library's functions (glibc's ``madvise`` and ``malloc_trim``), or None where there is none to call."""
+    if "lib" not in _LIBC:
+        import ctypes
+        import ctypes.util
+        import sys
+        try:
+            _LIBC["lib"] = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True) \
+                if sys.platform == "linux" else None
+        except OSError:
+            _LIBC["lib"] = None
+    return _LIBC["lib"]
+
+
+_LIBC: dict = {}
+
+
 def _drop_pages(t: torch.Tensor) -> None:
-    import sys
-    if sys.platform != "linux" or t.numel() == 0:
+    lib = _libc()
+    if lib is None or t.numel() == 0 or not hasattr(lib, "madvise"):
         return
     import ctypes
     import mmap
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
     a, b = start - start % mmap.PAGESIZE, -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
-    try:
-        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), 4)  # MADV_DONTNEED
-    except (OSError, AttributeError):  # no libc symbol: the pages stay until the load ends
-        pass
+    lib.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), 4)  # MADV_DONTNEED
 
 
 def _trim() -> None:
     """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``): a quantizing load frees each
     layer's float weights, and glibc otherwise keeps the freed chunks, so the process's memory would grow by about
     the float model's size anyway (measured on cpu-M, 68 MB in int8: the load ended holding 180 MB without it, 79 MB
-    with it)."""
-    fn = _TRIM.get("fn", 0)
-    if fn == 0:
-        import ctypes
-        import ctypes.util
-        try:
-            fn = _TRIM["fn"] = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError, TypeError):  # not glibc: nothing to hand back this way
-            fn = _TRIM["fn"] = None
-    if fn is not None:
-        fn(0)
-
-
-_TRIM: dict = {}
+    with it). Elsewhere (another C library) nothing is handed back this way."""
+    lib = _libc()
+    if lib is not None and hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
 
 
 def _wrap_mapped(obj):
