@@ -225,10 +225,12 @@ class TransformersPipeline:
         return head_for(self._heads, path, self.model, self.device)
 
 
-def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
+def load_zoo(folder: Path, device="cpu", dtype=None, quantize: str | None = None,
+             quantize_group: int = 32) -> TransformersPipeline:
     """A zoo folder holding ``hf_pipeline.json`` (a transformers model vgen trained): the save_pretrained model
-    (stored float16, loaded as ``dtype``, default float32), its caption tokenizer, the VQ it decodes with and its
-    family's prompt layout (:meth:`~vgen.models.hf.TransformersFamily.zoo_prompt`)."""
+    (stored float16, loaded as ``dtype``, default float32; ``quantize``: its decoder quantized as it loads, see
+    :func:`load`), its caption tokenizer, the VQ it decodes with and its family's prompt layout
+    (:meth:`~vgen.models.hf.TransformersFamily.zoo_prompt`)."""
     from transformers import AutoTokenizer
 
     from vgen.kinds import load_official
@@ -240,7 +242,8 @@ def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
                         "(`vgen train recipe=<recipe> recipe.install=true`; docs/zoo.md names each zoo model's)")
     family = family_for(folder / card["hf"])
     model = family.model_class().from_pretrained(folder / card["hf"], local_files_only=True,
-                                                 dtype=dtype or torch.float32).to(device)
+                                                 dtype=dtype or torch.float32,
+                                                 **_quantizing(quantize, quantize_group)).to(device)
     tok = AutoTokenizer.from_pretrained(str(folder / card["text_tokenizer"]))
     vq = load_official(card["tokenizer_kind"], str(folder / card["tokenizer"]), device=device).eval()
     h, w = card["token_shape"]
@@ -250,13 +253,16 @@ def load_zoo(folder: Path, device="cpu", dtype=None) -> TransformersPipeline:
                                 defaults=dict(card.get("sampling") or {}), examples=card.get("examples"),
                                 negative_prompt_ids=torch.tensor(prompt(None)))
     pipe.card, pipe.tokenizer = zoo_card(folder), vq
-    return pipe
+    return _finish(pipe, quantize, quantize_group)
 
 
 def load(src: str, device="cpu", dtype=None, height: int | None = None, width: int | None = None,
-         negative_prompt: str | None = None) -> TransformersPipeline:
+         negative_prompt: str | None = None, quantize: str | None = None,
+         quantize_group: int = 32) -> TransformersPipeline:
     """A transformers image generator's folder, or ``hf://owner/repo`` in the local cache (:func:`transformers_folder`),
-    with its processor when it has one."""
+    with its processor when it has one. ``quantize="int8" | "int4"``: the decoder's linear layers quantized as the
+    checkpoint loads (:mod:`vgen.models.hf.quantizer`: one layer's float weights held at a time), its input table
+    after; the same model, byte for byte, as loading in float and calling ``pipe.quantize``."""
     device, dtype = validate.device(device), validate.dtype(dtype)
     folder = transformers_folder(src)
     if folder is None:
@@ -268,7 +274,8 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
     height, width, more = family.load_options(src, folder, json.loads((folder / "config.json").read_text()),
                                               height, width)
     kw.update(more)
-    model = family.model_class().from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}))
+    model = family.model_class().from_pretrained(folder, local_files_only=True, **({"dtype": dtype} if dtype else {}),
+                                                 **_quantizing(quantize, quantize_group))
     model = model.to(device)
     processor = None
     try:
@@ -282,6 +289,22 @@ def load(src: str, device="cpu", dtype=None, height: int | None = None, width: i
             processor = None
     pipe = TransformersPipeline(model, processor, height, width, negative_prompt, name=src, **kw)
     pipe.card = card(src)
+    return _finish(pipe, quantize, quantize_group)
+
+
+def _quantizing(quantize: str | None, group_size: int) -> dict:
+    """``from_pretrained``'s arguments that quantize the family's decoder as it loads (a family that names no decoder
+    before loading is quantized after, by :func:`_finish`)."""
+    if quantize is None:
+        return {}
+    from vgen.models.hf.quantizer import quantization_config
+    return {"quantization_config": quantization_config(quantize, group_size)}
+
+
+def _finish(pipe: TransformersPipeline, quantize: str | None, group_size: int) -> TransformersPipeline:
+    """The rest of ``quantize``: what loading left in float (the input table, or a family quantized after loading)."""
+    if quantize is not None:
+        pipe.quantize(quantize, group_size)
     return pipe
 
 
@@ -328,4 +351,6 @@ def card(name) -> Card:
 
 register_loader(lambda name: transformers_folder(name) is not None, load, card)
 register_loader(lambda name: _zoo_folder(name) is not None,
-                lambda name, device="cpu", dtype=None: load_zoo(_zoo_folder(name), device=device, dtype=dtype), card)
+                lambda name, device="cpu", dtype=None, quantize=None, quantize_group=32:
+                load_zoo(_zoo_folder(name), device=device, dtype=dtype, quantize=quantize, quantize_group=quantize_group),
+                card)

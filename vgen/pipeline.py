@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -309,7 +310,9 @@ def register_loader(accepts, load, card=None) -> None:
     :class:`Card`, read without loading weights; its ``model_kind`` names the loader's kind and ``model_file`` the
     name to load). :mod:`vgen.hf_pipeline` registers transformers folders, cached ``hf://`` repos and the zoo's
     transformers models (kind ``transformers``). A package of its own declares its module under the entry-point group
-    ``vgen.loaders`` (as vgen's pyproject.toml does for :mod:`vgen.hf_pipeline`): it is imported on the first load."""
+    ``vgen.loaders`` (as vgen's pyproject.toml does for :mod:`vgen.hf_pipeline`): it is imported on the first load.
+    A ``load`` with parameters ``quantize`` and ``quantize_group`` quantizes as the weights load; any other loader's
+    pipeline is quantized after it loads (its ``quantize(mode, group_size)``)."""
     _LOADERS.append((accepts, load, card))
 
 
@@ -329,7 +332,12 @@ def load_card(name) -> Card:
     return Card.load(name)
 
 
-def _quantized(pipe, quantize, group_size: int):
+def _load_quantized(load, name, device, dtype, quantize: str | None, group_size: int, **options):
+    """A registered loader's pipeline in ``quantize``: by the loader as the weights load when it takes ``quantize``
+    (the transformers loaders), else quantized after."""
+    if quantize is not None and "quantize" in inspect.signature(load).parameters:
+        return load(name, device=device, dtype=dtype, quantize=quantize, quantize_group=group_size, **options)
+    pipe = load(name, device=device, dtype=dtype, **options)
     if quantize is not None:
         pipe.quantize(quantize, group_size)
     return pipe
@@ -342,7 +350,7 @@ def pipeline_for(card: Card, device="cpu", dtype=None, quantize: str | None = No
     quantize = check_mode(quantize, quantize_group)  # before any weights load
     for accepts, load, make_card in loaders():
         if make_card is not None and card.external and accepts(card.model_file):
-            return _quantized(load(card.model_file, device=device, dtype=dtype), quantize, quantize_group)
+            return _load_quantized(load, card.model_file, device, dtype, quantize, quantize_group)
     return Pipeline.from_card(card, device=device, dtype=dtype, quantize=quantize, quantize_group=quantize_group)
 
 
@@ -358,7 +366,7 @@ def load_pipeline(name: str = "photos-gpt", device="cpu", dtype=None, quantize: 
     quantize = check_mode(quantize, quantize_group)  # before any weights load
     for accepts, load, _ in loaders():
         if accepts(name):
-            return _quantized(load(name, device=device, dtype=dtype, **options), quantize, quantize_group)
+            return _load_quantized(load, name, device, dtype, quantize, quantize_group, **options)
     if options:
         raise VGenError(f"unknown option(s) {sorted(options)} for a vgen pipeline (they are for hf:// models)")
     return Pipeline.from_pretrained(name, device=device, dtype=dtype, quantize=quantize, quantize_group=quantize_group)

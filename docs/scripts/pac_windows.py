@@ -1,5 +1,5 @@
-"""Tokens per pass of sjd, scd (coupling=maximal) and pac at windows 16 and 32 (8 samples in one batch, eager):
-`python docs/scripts/pac_windows.py photos-gpt`."""
+"""Tokens per pass of sjd, scd (coupling=maximal) and pac trees at several windows (8 samples in one batch, eager):
+`python docs/scripts/pac_windows.py photos-gpt [windows, default 16,32] [pac trees, default 3x2,4x2]`."""
 import sys
 
 import torch
@@ -8,9 +8,13 @@ import vgen
 from vgen.conditions import examples
 
 pipe = vgen.load_pipeline(sys.argv[1]); n = 8
+windows = [int(w) for w in (sys.argv[2] if len(sys.argv) > 2 else "16,32").split(",")]
+trees = [t.split("x") for t in (sys.argv[3] if len(sys.argv) > 3 else "3x2,4x2").split(",")]
+runs = [("sjd", {}), ("scd", {"coupling": "maximal"})]
+runs += [("pac", {"tree_width": int(k), "tree_depth": int(d)}) for k, d in trees]
 cond = pipe.encode(examples(pipe.card, n))
-for w in (16, 32):
-    for name, o in (("sjd", {}), ("scd", {"coupling": "maximal"}), ("pac", {}), ("pac", {"tree_width": 4})):
+for w in windows:
+    for name, o in runs:
         s = pipe.make_sampler(name, compile=False, window=w, **o)
         with torch.inference_mode():
             _, st = pipe.sample_tokens(s, cond, list(range(n)), batch_size=n)

@@ -196,11 +196,14 @@ def pass_costs(reps: list[dict]) -> str:
 def quantized_load(reps: list[dict]) -> str:
     """``vgen bench +experiment=quantized-load``: the peak memory of loading released-shape checkpoints, float32, then
     quantized, and quantized while loading (the table is vgen.eval.load_memory's)."""
-    from vgen.eval.load_memory import markdown
+    from vgen.eval.load_memory import HF_SHAPES, markdown
     lines = []
     for rep in reps:
-        lines += [f"LlamaGen's class-conditional GPTs at their released shapes, random weights, each load in a fresh "
-                  f"process ({machine(rep)}):", "", markdown(rep["loads"]), ""]
+        what = ("Janus-Pro's language model at its released shape in transformers' Janus class, random weights saved "
+                "in bfloat16 as released, loaded by `vgen.load_pipeline` in bfloat16"
+                if set(rep["loads"]["shapes"]) <= set(HF_SHAPES) else
+                "LlamaGen's class-conditional GPTs at their released shapes, random weights")
+        lines += [f"{what}, each load in a fresh process ({machine(rep)}):", "", markdown(rep["loads"]), ""]
     return "\n".join(lines)
 
 

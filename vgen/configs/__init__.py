@@ -155,7 +155,8 @@ class BenchSchema:
     shape_quantize: list[str] = field(default_factory=list)  # also each shape with int8 / int4 weights (weight-only)
     pass_widths: list[int] = at_least(lambda: [1, 2, 4, 8, 16, 32], 1)  # tokens per pass (pass_cost)
     shape_batches: list[int] = at_least(list, 1)  # the shapes' AR batch sizes; empty: batch_sizes
-    load_shapes: list[str] = field(default_factory=list)  # peak memory of loading these shapes' checkpoints (any device)
+    load_shapes: list[str] = field(default_factory=list)  # peak memory of loading these shapes' checkpoints (GPT
+    #                                                       shapes; janus-pro-1b / -7b through transformers)
     load_formats: list[str] = field(default_factory=lambda: ["pt"])  # their files: pt (LlamaGen's release), safetensors
     load_quantize: list[str] = field(default_factory=lambda: ["int8", "int4"])  # loaded in float, then quantized; and
     #                                                                       quantized while loading

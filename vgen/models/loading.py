@@ -195,19 +195,32 @@ def _libc():
 _LIBC: dict = {}
 
 
-def _drop_pages(t: torch.Tensor) -> None:
+def _madvise(t: torch.Tensor, advice: int) -> None:
     lib = _libc()
-    if lib is None or t.numel() == 0 or not hasattr(lib, "madvise"):
+    if lib is None or t.numel() == 0 or t.device.type != "cpu" or not hasattr(lib, "madvise"):
         return
     import ctypes
     import mmap
     start = t.data_ptr()
     end = start + t.numel() * t.element_size()
     a, b = start - start % mmap.PAGESIZE, -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
-    lib.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), 4)  # MADV_DONTNEED
+    lib.madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), advice)
 
 
-def _trim() -> None:
+def _drop_pages(t: torch.Tensor) -> None:
+    _madvise(t, 4)  # MADV_DONTNEED: only for a private file mapping this process reads no more (Mapped)
+
+
+def page_out(t: torch.Tensor) -> None:
+    """Ask the kernel (Linux 5.4 on) to reclaim the pages of a tensor read for the last time (``MADV_PAGEOUT``): the
+    clean pages of a memory-mapped file leave the process's resident memory (read again from the file if touched);
+    the data never changes, so any tensor may be given (anonymous memory without swap simply stays). A quantizing
+    transformers load gives each float weight it has quantized (:mod:`vgen.models.hf.quantizer`): transformers maps
+    safetensors files, so the file's pages would otherwise stay resident to the end."""
+    _madvise(t, 21)
+
+
+def trim_heap() -> None:
     """Hand the C heap's free memory back to the system (glibc's ``malloc_trim``): a quantizing load frees each
     layer's float weights, and glibc otherwise keeps the freed chunks, so the process's memory would grow by about
     the float model's size anyway (measured on cpu-M, 68 MB in int8: the load ended holding 180 MB without it, 79 MB
@@ -426,7 +439,7 @@ def stream_weights(model: nn.Module, sd: dict, device, dtype, quantize: str | No
             setattr(modules[parent], child, quantized_layer(m, quantize, group_size))
             del modules[name]
             m = loaded = None  # the replaced layer's float weights go now, not when the next one is read
-            _trim()
+            trim_heap()
     model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:

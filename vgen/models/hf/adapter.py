@@ -66,6 +66,10 @@ class TransformersFamily(Protocol):
     def wrap(self, hf_model: nn.Module, height: int | None, width: int | None, **options) -> Family:
         """The model's facts: its decoder, the layout of its image tokens, its CFG row, its VQ decoder."""
 
+    def decoder(self, hf_model: nn.Module) -> nn.Module | None:
+        """The module ``wrap`` names its decoder (whose linear layers ``quantize=`` takes), found on a model that may
+        still be on the meta device (no weights read); None: unknown before ``wrap`` (quantized after loading)."""
+
     def files(self, folder: Path) -> dict[str, Path]:
         """Files beside the weights that ``wrap`` takes, by option name (e.g. an image decoder ``wrap`` takes as a
         module, loaded by :mod:`vgen.hf_pipeline`), or a one-line error naming where a missing one comes from."""
@@ -111,6 +115,9 @@ class FamilyBase:
 
     def wrap(self, hf_model: nn.Module, height: int | None = None, width: int | None = None, **options) -> Family:
         raise NotImplementedError
+
+    def decoder(self, hf_model: nn.Module) -> nn.Module | None:
+        return None
 
     def files(self, folder: Path) -> dict[str, Path]:
         return {}
@@ -342,6 +349,9 @@ class TransformersModel(nn.Module):
         info = quantize_linears(dec, mode, group_size)
         emb = dec.get_input_embeddings() if hasattr(dec, "get_input_embeddings") else None
         info["embeddings"] = quantize_embedding(self.hf, emb) if type(emb) is nn.Embedding else 0
+        if info["embeddings"]:  # the float table, read for the last time (a mapped file's pages leave memory)
+            from vgen.models.loading import page_out
+            page_out(emb.weight)
         info["weight_bytes"] = weight_bytes(self.hf)
         return info
 

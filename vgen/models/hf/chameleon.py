@@ -28,6 +28,7 @@ import re
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from vgen.errors import VGenError
 from vgen.models.hf.adapter import Family, FamilyBase, register_family
@@ -64,6 +65,11 @@ def _right_align(keep: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return out[:, out.shape[1] - max(int(keep.sum(1).max()), 1):]
 
 
+def decoder(m) -> nn.Module:
+    """Chameleon's model under its output layer (what runs once per token)."""
+    return m.model
+
+
 def wrap(m, height: int | None = None, width: int | None = None, layout: str | None = None,
          negative_prompt_ids=None, vqgan=None) -> Family:
     layout = layout or default_layout(getattr(m.config, "architectures", None))
@@ -93,7 +99,7 @@ def wrap(m, height: int | None = None, width: int | None = None, layout: str | N
     else:
         opening, row_end = (boi,), None
     ids = torch.tensor([vm.img2bpe[k] for k in range(codes)], dtype=torch.long)  # code k -> its token id
-    text = m.model
+    text = decoder(m)
     head = m.lm_head
     lo = int(ids[0])
     if bool((ids == lo + torch.arange(codes)).all()):
@@ -131,19 +137,19 @@ def wrap(m, height: int | None = None, width: int | None = None, layout: str | N
             return cond[:, -len(opening):]
         return _right_align(torch.isin(cond, kept.to(cond.device)), cond)
 
-    decoder = vqgan
-    if decoder is not None and not hasattr(decoder, "decode_codes"):
+    vq = vqgan
+    if vq is not None and not hasattr(vq, "decode_codes"):
         raise VGenError(f"vqgan= takes the decoder module (vgen.tokenizers.vqgan.load_vqgan(<vqgan.ckpt>)), got "
-                        f"{type(decoder).__name__}")
+                        f"{type(vq).__name__}")
 
     def decode_image(grid: torch.Tensor) -> torch.Tensor:
-        if decoder is None:
+        if vq is None:
             raise VGenError("transformers' Chameleon has no VQ decoder: pass vqgan=vgen.tokenizers.vqgan.load_vqgan("
                             "<tokenizer/vqgan.ckpt of Meta's Chameleon release>) to from_transformers (or put "
                             "vqgan.ckpt in the model's folder and use vgen.load_pipeline)")
-        if decoder.codebook_size != codes:
-            raise VGenError(f"the VQGAN has {decoder.codebook_size} codes, the model {codes} image tokens")
-        return decoder.decode_codes(grid.to(next(decoder.parameters()).device)).clamp(-1, 1)
+        if vq.codebook_size != codes:
+            raise VGenError(f"the VQGAN has {vq.codebook_size} codes, the model {codes} image tokens")
+        return vq.decode_codes(grid.to(next(vq.parameters()).device)).clamp(-1, 1)
 
     def prompt_text(text: str) -> str:  # Lumina-mGPT's conversation: the request, then the turn separator
         if layout == "lumina":
@@ -198,6 +204,9 @@ class Chameleon(FamilyBase):
 
     def wrap(self, hf_model, height=None, width=None, **options) -> Family:
         return wrap(hf_model, height, width, **options)
+
+    def decoder(self, hf_model) -> nn.Module:
+        return decoder(hf_model)
 
     def files(self, folder: Path) -> dict[str, Path]:
         return {"vqgan": vqgan_file(folder)}

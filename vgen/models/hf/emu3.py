@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from vgen.errors import VGenError
 from vgen.models.hf.adapter import Family, FamilyBase, register_family
@@ -23,6 +24,11 @@ SAMPLING = {"cfg_scale": 3.0, "top_k": 2048}  # Emu3-Gen's model card: guidance 
 NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
                    "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
                    "blurry.")  # the model card's
+
+
+def decoder(m) -> nn.Module:
+    """Emu3's text model (what runs once per token)."""
+    return m.model.text_model
 
 
 def wrap(m, height: int | None = None, width: int | None = None, negative_prompt_ids=None) -> Family:
@@ -37,7 +43,7 @@ def wrap(m, height: int | None = None, width: int | None = None, negative_prompt
     if codes == 0 or vm.eol_token_id is None:
         raise VGenError("this Emu3 model's vocabulary_map has no visual tokens or no row-end token <|extra_200|>")
     ids = torch.tensor([img2bpe[k] for k in range(codes)], dtype=torch.long)
-    text = m.model.text_model
+    text = decoder(m)
     head = m.lm_head
     contiguous = bool((ids == ids[0] + torch.arange(codes)).all())
     lo = int(ids[0])
@@ -110,6 +116,9 @@ class Emu3(FamilyBase):
 
     def wrap(self, hf_model, height=None, width=None, **options) -> Family:
         return wrap(hf_model, height, width, **options)
+
+    def decoder(self, hf_model) -> nn.Module:
+        return decoder(hf_model)
 
     def card_fields(self, name: str, folder: Path, config: dict) -> dict:
         vocab = config.get("vocabulary_map") or {}

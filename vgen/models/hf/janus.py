@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 
 from vgen.errors import VGenError
 from vgen.models.hf.adapter import Family, FamilyBase, register_family
@@ -31,6 +32,11 @@ def _special(m, name: str) -> int:
     return int(v[0] if isinstance(v, (list, tuple)) else v)
 
 
+def decoder(m) -> nn.Module:
+    """The language model inside Janus (what runs once per token)."""
+    return m.model.language_model
+
+
 def wrap(m, height: int | None = None, width: int | None = None, boi_token_id: int | None = None) -> Family:
     n = int(m.model.vision_model.config.num_image_tokens)
     g = math.isqrt(n)
@@ -47,7 +53,7 @@ def wrap(m, height: int | None = None, width: int | None = None, boi_token_id: i
                         "generation_config.json's generation_kwargs; vgen.load_pipeline('hf://...') reads it)")
     bos, pad = _special(m, "bos_token_id"), _special(m, "pad_token_id")
     inner = m.model
-    lm = inner.language_model
+    lm = decoder(m)
 
     def null_prompt(cond: torch.Tensor) -> torch.Tensor:
         keep = (cond < 0) | (cond == bos) | (cond == boi)
@@ -82,6 +88,9 @@ class Janus(FamilyBase):
 
     def wrap(self, hf_model, height=None, width=None, **options) -> Family:
         return wrap(hf_model, height, width, **options)
+
+    def decoder(self, hf_model) -> nn.Module:
+        return decoder(hf_model)
 
     def load_options(self, name: str, folder: Path, config: dict, height, width):
         gen = folder / "generation_config.json"  # transformers drops its generation_kwargs on load: read them here
