@@ -35,21 +35,46 @@ def test_int8_layer_is_its_dequantized_weight_within_half_a_step():
 
 
 def test_the_fused_int8_product_reads_each_row_alone_and_falls_back_to_aten(monkeypatch):
-    """The CPU product (compiled int8_gemv): PyTorch's int8 kernel's result within rounding, the same bytes for a
-    row whatever the rows beside it (batch invariance), and aten's kernel where compiling fails (said once)."""
+    """The CPU product's fused path (compiled int8_gemv, up to fused_rows() rows): PyTorch's int8 kernel's result
+    within rounding, the same bytes for a row whatever the rows beside it (batch invariance), and aten's kernel where
+    compiling fails (said once)."""
     import vgen.kernels.quant as quant
     torch.manual_seed(2)
     q = Int8Linear(nn.Linear(256, 96, bias=False))
     x = torch.randn(7, 256)
+    monkeypatch.setattr(quant, "_FUSED", {"rows": 7})
     with torch.inference_mode():
         y = quant.int8_product(x, q.qweight, q.scale)
         torch.testing.assert_close(y, torch._weight_int8pack_mm(x, q.qweight, q.scale), rtol=1e-5, atol=1e-5)
         assert torch.equal(quant.int8_product(x[2:3], q.qweight, q.scale), y[2:3])
-        monkeypatch.setattr(quant, "_FUSED", {"fn": lambda *a: (_ for _ in ()).throw(RuntimeError("no compiler"))})
+        monkeypatch.setattr(quant, "_FUSED", {"rows": 7,
+                                              "fn": lambda *a: (_ for _ in ()).throw(RuntimeError("no compiler"))})
         with pytest.warns(UserWarning, match="did not compile"):
             z = quant.int8_product(x, q.qweight, q.scale)
         assert "no compiler" in quant._FUSED["failed"] and "fn" not in quant._FUSED
         assert torch.equal(z, torch._weight_int8pack_mm(x, q.qweight, q.scale))
+
+
+def test_the_tiled_int8_product_is_the_product_for_wide_passes(monkeypatch):
+    """int8_tiled (more rows than fused_rows(): every row on AVX2, more than 2 on AVX-512) is the dequantized
+    matrix's product within rounding, over several tiles and a short last one, for float32 and bfloat16 inputs; an
+    Int8Linear takes it for a wide pass."""
+    import vgen.kernels.quant as quant
+    torch.manual_seed(3)
+    monkeypatch.setattr(quant, "TILE", 64 * 40)  # 40 rows a tile at K=64: 3 tiles over 100 outputs, the last short
+    lin = nn.Linear(64, 100)
+    q = Int8Linear(lin)
+    x = torch.randn(9, 64)
+    with torch.inference_mode():
+        y = quant.int8_tiled(x, q.qweight, q.scale)
+        torch.testing.assert_close(y, x @ q.dequantized().t(), rtol=1e-5, atol=1e-5)
+        yb = quant.int8_tiled(x.bfloat16(), q.qweight, q.scale.bfloat16())
+        torch.testing.assert_close(yb.float(), y, rtol=2e-2, atol=2e-2)
+        monkeypatch.setattr(quant, "_FUSED", {"rows": 2})
+        torch.testing.assert_close(q(x.reshape(3, 3, 64)), (y + lin.bias).reshape(3, 3, 100), rtol=1e-5, atol=1e-5)
+    assert quant.fused_rows() == 2
+    monkeypatch.setattr(quant, "_FUSED", {})
+    assert quant.fused_rows() == (2 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 0)
 
 
 @pytest.mark.parametrize("group", [32, 64])

@@ -1,5 +1,5 @@
-"""A linear layer at Janus-Pro-1B's shapes, timed per weight format: float32, vgen's int8 layer (its fused product,
-compiled) beside PyTorch's int8 kernel, vgen's int4 layers and, when torchao is installed, torchao's
+"""A linear layer at Janus-Pro-1B's shapes, timed per weight format: float32, vgen's int8 products (the fused
+reduction, compiled, and the tiled product) beside PyTorch's int8 kernel, vgen's int4 layers and, when torchao is installed, torchao's
 Int8WeightOnlyConfig eager and compiled.
 
     python docs/scripts/quant_kernels.py [--out docs/bench/quant-kernels-cpu.json] [--threads N] [--copies 16]
@@ -21,7 +21,9 @@ import torch
 import torch.nn as nn
 
 from vgen.kernels.linear import Linear
-from vgen.kernels.quant import Int4Linear, Int8Linear
+from vgen.kernels.quant import Int4Linear, Int8Linear, int8_gemv, int8_tiled
+
+fused = torch.compile(int8_gemv, dynamic=True)  # what int8_product runs up to fused_rows() rows
 
 SHAPES = {"ffn up (2048 -> 5632)": (2048, 5632), "ffn down (5632 -> 2048)": (5632, 2048),
           "qkv (2048 -> 6144)": (2048, 6144)}
@@ -39,6 +41,18 @@ def timed(layers, x, calls=5) -> float:
                 m(x)
             out.append((time.perf_counter() - t0) / len(layers))
     return 1e3 * statistics.median(out)
+
+
+class Product(nn.Module):
+    """An int8 layer's codes through one of vgen's two CPU products, whatever ``fused_rows()`` would pick: the fused
+    reduction (``int8_gemv``, compiled) or the tiled product (``int8_tiled``)."""
+
+    def __init__(self, q: Int8Linear, fn):
+        super().__init__()
+        self.q, self.fn = q, fn
+
+    def forward(self, x):
+        return self.fn(x, self.q.qweight, self.q.scale)
 
 
 class AtenInt8(nn.Module):
@@ -59,6 +73,7 @@ def main():
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--copies", type=int, default=16)
     ap.add_argument("--calls", type=int, default=5, help="timed rounds through the copies")
+    ap.add_argument("--rows", type=int, nargs="+", default=[2, 16], help="rows of x (2: batch 1 with CFG)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -76,8 +91,8 @@ def main():
             vlin = Linear(K, N, bias=False).eval()
             vlin.load_state_dict(lin.state_dict())
             q8 = Int8Linear(lin)
-            made = {"float32 F.linear": lin, "float32 vgen Linear (W @ x^T)": vlin, "int8 vgen (fused)": q8,
-                    "int8 aten kernel": AtenInt8(q8), "int4 vgen (group 32)": Int4Linear(lin, 32),
+            made = {"float32 F.linear": lin, "float32 vgen Linear (W @ x^T)": vlin, "int8 vgen (fused)": Product(q8, fused),
+                    "int8 vgen (tiled)": Product(q8, int8_tiled), "int8 aten kernel": AtenInt8(q8), "int4 vgen (group 32)": Int4Linear(lin, 32),
                     "int4 vgen (group 128)": Int4Linear(lin, 128)}
             if torchao is not None:
                 t8 = copy.deepcopy(lin)
@@ -86,7 +101,7 @@ def main():
                 made["int8 torchao compiled"] = torch.compile(copy.deepcopy(t8), dynamic=False)
             for name, m in made.items():
                 fmts.setdefault(name, []).append(m)
-        for rows in (2, 16):
+        for rows in a.rows:
             x = torch.randn(rows, K)
             ms = {name: timed(layers, x, a.calls) for name, layers in fmts.items()}
             base = ms["float32 F.linear"]
@@ -94,7 +109,8 @@ def main():
                              "float_mb": K * N * 4 / 2 ** 20, "copies": a.copies})
             print(label, rows, {k: f"{v:.3f} ms ({base / v:.2f}x)" for k, v in ms.items()}, flush=True)
         del fmts
-    rep = {"command": f"python docs/scripts/quant_kernels.py --copies {a.copies} --calls {a.calls}", "torch": torch.__version__,
+    rep = {"command": f"python docs/scripts/quant_kernels.py --copies {a.copies} --calls {a.calls} "
+                      f"--rows {' '.join(map(str, a.rows))}", "torch": torch.__version__,
            "torchao": getattr(torchao, "__version__", None), "threads": torch.get_num_threads(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu": _cpu()}, "rows": rows_out}

@@ -194,8 +194,8 @@ def _child(path: str, name: str, mode: str, group: int) -> dict:
     t0 = time.perf_counter()
     q = mode.removesuffix("-after")
     if hf:
-        import vgen
-        pipe = vgen.load_pipeline(path, dtype=torch.bfloat16, quantize=mode if mode in ("int8", "int4") else None)
+        from vgen.pipeline import load_pipeline
+        pipe = load_pipeline(path, dtype=torch.bfloat16, quantize=mode if mode in ("int8", "int4") else None)
         if q != mode:
             pipe.quantize(q, group)
         secs = time.perf_counter() - t0

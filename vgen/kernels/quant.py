@@ -61,12 +61,46 @@ def int8_gemv(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> to
 _FUSED: dict = {}  # the compiled int8_gemv (one graph for every shape: dynamic=True), or the reason it failed
 
 
+TILE = 1 << 18  # int8 weights made float at a time by int8_tiled: a 1 MiB float32 tile, read from the cache
+
+
+def int8_tiled(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (M, K) times the int8 matrix (N, K), scaled per output channel, a tile of rows at a time: each tile of
+    codes is cast into one reused float buffer (:data:`TILE` weights, so it stays in the CPU's cache) and multiplied
+    by PyTorch's matrix product. Memory reads the int8 codes once whatever M, and every tile is a BLAS product, so a
+    wide pass (many rows) costs about what float32's does (docs/quantization.md, "Speed on this CPU"). Rounds as a
+    float32 matrix product does: a row's bytes can depend on M."""
+    n, k = qweight.shape
+    rows = max(16, TILE // max(1, k))
+    out = torch.empty(n, x.shape[0], dtype=x.dtype, device=x.device)
+    buf = torch.empty(min(rows, n), k, dtype=x.dtype, device=x.device)
+    xt = x.t()
+    for i in range(0, n, rows):
+        j = min(n, i + rows)
+        w = buf[: j - i]
+        w.copy_(qweight[i:j])
+        torch.mm(w, xt, out=out[i:j])
+    return (out * scale[:, None]).t()
+
+
+def fused_rows() -> int:
+    """Rows up to which :func:`int8_product` runs the fused reduction (:func:`int8_gemv`) rather than
+    :func:`int8_tiled`: 2 (one sample with guidance) where the CPU runs AVX-512, on which the fused reduction made a
+    2-row int8 layer 5-6x faster than float32's (docs/bench/quant-kernels-cpu.json); 0 elsewhere, as on AVX2, where
+    it was 3-35x slower than the tiled product at every width (docs/bench/quant-kernels-cpu-avx2.json)."""
+    if "rows" not in _FUSED:
+        _FUSED["rows"] = 2 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 0
+    return _FUSED["rows"]
+
+
 def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The CPU product of :class:`Int8Linear`: :func:`int8_gemv` compiled (inside a compiled step, inlined into it;
-    docs/quantization.md has the timings), or PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++
-    compiler), said once."""
+    """The CPU product of :class:`Int8Linear`: :func:`int8_tiled` for more rows than :func:`fused_rows`, else
+    :func:`int8_gemv` compiled (inside a compiled step, inlined into it; docs/quantization.md has the timings), or
+    PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++ compiler), said once."""
     if torch.compiler.is_compiling():
         return int8_gemv(x, qweight, scale)
+    if x.shape[0] > fused_rows():
+        return int8_tiled(x, qweight, scale)
     fn = _FUSED.get("fn")
     if fn is None and "failed" not in _FUSED:
         fn = _FUSED["fn"] = torch.compile(int8_gemv, dynamic=True)
