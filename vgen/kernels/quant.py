@@ -83,6 +83,17 @@ def int8_tiled(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> t
     return (out * scale[:, None]).t()
 
 
+@torch.library.custom_op("vgen::int8_tiled", mutates_args=())
+def int8_tiled_op(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """:func:`int8_tiled` as one opaque operator, so a compiled step calls it as it is (its tile loop is not traced)."""
+    return int8_tiled(x, qweight, scale).contiguous()
+
+
+@int8_tiled_op.register_fake
+def _(x, qweight, scale):
+    return x.new_empty(x.shape[0], qweight.shape[0])
+
+
 def fused_rows() -> int:
     """Rows up to which :func:`int8_product` runs the fused reduction (:func:`int8_gemv`) rather than
     :func:`int8_tiled`: 2 (one sample with guidance) where the CPU runs AVX-512, on which the fused reduction made a
@@ -97,8 +108,8 @@ def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) ->
     """The CPU product of :class:`Int8Linear`: :func:`int8_tiled` for more rows than :func:`fused_rows`, else
     :func:`int8_gemv` compiled (inside a compiled step, inlined into it; docs/quantization.md has the timings), or
     PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++ compiler), said once."""
-    if torch.compiler.is_compiling():
-        return int8_gemv(x, qweight, scale)
+    if torch.compiler.is_compiling():  # inside a compiled step: the rule by the CPU alone (the rows are symbolic)
+        return int8_tiled_op(x, qweight, scale) if fused_rows() == 0 else int8_gemv(x, qweight, scale)
     if x.shape[0] > fused_rows():
         return int8_tiled(x, qweight, scale)
     fn = _FUSED.get("fn")
