@@ -98,7 +98,8 @@ def fused_rows() -> int:
     """Rows up to which :func:`int8_product` runs the fused reduction (:func:`int8_gemv`) rather than
     :func:`int8_tiled`: 2 (one sample with guidance) where the CPU runs AVX-512, on which the fused reduction made a
     2-row int8 layer 5-6x faster than float32's (docs/bench/quant-kernels-cpu.json); 0 elsewhere, as on AVX2, where
-    it was 3-35x slower than the tiled product at every width (docs/bench/quant-kernels-cpu-avx2.json)."""
+    it was slower than the tiled product at every width: 1.2-3.4x at 1 row, 4-5x at 2, 19-27x at 16-32
+    (docs/bench/quant-kernels-cpu-avx2.json)."""
     if "rows" not in _FUSED:
         _FUSED["rows"] = 2 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 0
     return _FUSED["rows"]
