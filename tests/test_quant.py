@@ -9,6 +9,7 @@ import torch.nn as nn
 from exact import chi2_p, counts_of, exact_joint, toward
 
 from vgen.errors import VGenError
+from vgen.kernels import native
 from vgen.kernels.linear import Linear
 from vgen.kernels.quant import Int4Linear, Int8Linear, check_mode, quantize_linears, weight_bytes
 from vgen.samplers import sample
@@ -74,17 +75,93 @@ def test_the_tiled_int8_product_is_the_product_for_wide_passes(monkeypatch):
         torch.testing.assert_close(q(x.reshape(3, 3, 64)), (y + lin.bias).reshape(3, 3, 100), rtol=1e-5, atol=1e-5)
     assert quant.fused_rows() == 2
     monkeypatch.setattr(quant, "_FUSED", {})
-    assert quant.fused_rows() == (2 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 0)
+    avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    assert quant.fused_rows() == (2 if avx512 and quant.native.library() is None else 0)
+
+
+needs_native = pytest.mark.skipif(native.supported() is not None, reason=f"no native kernel: {native.supported()}")
+
+
+@needs_native
+def test_the_native_int8_kernel_is_the_product_row_by_row():
+    """vgen.kernels.native.int8_gemv: the float64 product within float32 rounding for every width up to ROWS (1-4
+    rows a sweep and the rest), input widths with a tail past 16 codes and outputs past one 64-output task; each row's
+    bytes the same whatever the rows beside it; an Int8Linear takes it at 1..ROWS float32 rows and the tiled product
+    past them, and a bfloat16 input never."""
+    torch.manual_seed(4)
+    for n, k in [(130, 2048), (7, 37), (64, 16)]:
+        q = Int8Linear(nn.Linear(k, n, bias=False))
+        x = torch.randn(native.ROWS, k)
+        ref = (x.double() @ q.qweight.double().t()) * q.scale.double()
+        y = native.int8_gemv(x, q.qweight, q.scale)
+        assert y.dtype == torch.float32 and y.shape == (native.ROWS, n)
+        assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+        for m in (1, 2, 3, 4, 5, 9):
+            assert torch.equal(native.int8_gemv(x[:m], q.qweight, q.scale), y[:m])
+            assert torch.equal(native.int8_gemv(x[m - 1:m], q.qweight, q.scale), y[m - 1:m])
+    assert native.takes(x) and not native.takes(torch.randn(native.ROWS + 1, 4)) and not native.takes(x.bfloat16())
+    with torch.inference_mode():
+        torch.testing.assert_close(q(x), y, rtol=0, atol=0)
+        wide = torch.randn(native.ROWS + 3, 16)
+        torch.testing.assert_close(q(wide), wide @ q.dequantized().t(), rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("group", [32, 128])
+def test_the_native_int4_kernel_is_the_dequantized_product_row_by_row(group):
+    """vgen.kernels.native.int4_gemv on the portable layout: the dequantized matrix's float64 product within float32
+    rounding at every width up to ROWS, each row's bytes the same whatever the rows beside it."""
+    torch.manual_seed(6)
+    for n, k in [(130, 512), (16, 256)]:
+        q = Int4Linear(nn.Linear(k, n, bias=False), group, cpu_kernel=False)
+        x = torch.randn(native.ROWS, k)
+        ref = x.double() @ q.dequantized().double().t()
+        y = native.int4_gemv(x, q.qweight, q.scale_zero, group)
+        assert ((y.double() - ref).abs().max() / ref.abs().max()).item() < 1e-5
+        for m in (1, 2, 3, 4, 5, 9):
+            assert torch.equal(native.int4_gemv(x[:m], q.qweight, q.scale_zero, group), y[:m])
+        torch.testing.assert_close(q(x), y, rtol=0, atol=0)
+
+
+@needs_native
+def test_the_native_kernel_builds_once_atomically_and_is_refused_with_its_reason(tmp_path, monkeypatch):
+    """build() writes one library per source and compiler into the folder (no temporary left), returns the same file
+    the second time without compiling; a compiler that fails raises its message; where the kernel cannot load,
+    library() says why once and int8 layers keep PyTorch's products."""
+    import vgen.kernels.quant as quant
+    path = native.build(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    monkeypatch.setenv("CC", "/bin/false")  # would fail were it called: the built file is found by source and flags
+    with pytest.raises(RuntimeError, match="false failed"):
+        native.build(tmp_path / "other")
+    monkeypatch.setattr(native, "_LIB", {})
+    monkeypatch.setattr(native, "build", lambda folder=None: (_ for _ in ()).throw(RuntimeError("cc failed: no")))
+    with pytest.warns(UserWarning, match="native int8 kernel is off: the build failed"):
+        assert native.library() is None
+    assert native.library() is None and not native.takes(torch.randn(1, 4))
+    monkeypatch.setattr(quant, "_FUSED", {})
+    torch.manual_seed(5)
+    q = Int8Linear(nn.Linear(64, 40))
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(q(x), x @ q.dequantized().t() + q.bias, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("group", [32, 64])
 def test_int4_layer_both_layouts_give_the_same_codes_and_products(group):
-    """Per group of inputs: codes 0..15, each weight within half a step of (q - 8) * s + z; the CPU kernel's packed
-    layout and the portable two-codes-a-byte layout hold the same codes and give the same product."""
+    """Per group of inputs: codes 0..15, each weight within half a step of (q - 8) * s + z; PyTorch's packed layout
+    and the portable two-codes-a-byte layout (vgen's native kernel, else the tiled product, on the CPU) hold the same
+    codes and give the same product, for a narrow and a wide pass. A CPU layer takes the portable layout where the
+    native kernel built."""
+    import vgen.kernels.quant as quant
     torch.manual_seed(1)
     lin = nn.Linear(128, 32, bias=False)
-    a, b = Int4Linear(lin, group), Int4Linear(lin, group, cpu_kernel=False)
+    a, b = Int4Linear(lin, group, cpu_kernel=True), Int4Linear(lin, group, cpu_kernel=False)
     assert a.cpu_kernel and not b.cpu_kernel and b.qweight.shape == (32, 64)
+    assert Int4Linear(lin, group).cpu_kernel == (native.library() is None)
+    wide = torch.randn(native.ROWS + 5, 128)
+    torch.testing.assert_close(a(wide), b(wide), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(quant.int4_tiled(wide[:3], b.qweight, b.scale_zero, group), b(wide[:3]), rtol=1e-5,
+                               atol=1e-5)
     assert torch.equal(a.codes(), b.codes()) and int(a.codes().min()) >= 0 and int(a.codes().max()) <= 15
     w = lin.weight.detach()
     step = a.scale_zero[..., 0].t().repeat_interleave(group, 1)  # (N, K): each weight's group scale

@@ -1,6 +1,7 @@
-"""A linear layer at Janus-Pro-1B's shapes, timed per weight format: float32, vgen's int8 products (the fused
-reduction, compiled, and the tiled product) beside PyTorch's int8 kernel, vgen's int4 layers and, when torchao is installed, torchao's
-Int8WeightOnlyConfig eager and compiled.
+"""A linear layer at Janus-Pro-1B's shapes, timed per weight format: float32; vgen's int8 products (the fused
+reduction, compiled; the tiled product; the native kernel, up to its rows, where it builds) beside PyTorch's int8
+kernel; vgen's int4 layers (the native kernel up to its rows where it builds, else PyTorch's) beside PyTorch's int4
+kernel; and, when torchao is installed, torchao's Int8WeightOnlyConfig eager and compiled.
 
     python docs/scripts/quant_kernels.py [--out docs/bench/quant-kernels-cpu.json] [--threads N] [--copies 16]
 
@@ -20,6 +21,7 @@ import time
 import torch
 import torch.nn as nn
 
+from vgen.kernels import native
 from vgen.kernels.linear import Linear
 from vgen.kernels.quant import Int4Linear, Int8Linear, int8_gemv, int8_tiled
 
@@ -44,8 +46,9 @@ def timed(layers, x, calls=5) -> float:
 
 
 class Product(nn.Module):
-    """An int8 layer's codes through one of vgen's two CPU products, whatever ``fused_rows()`` would pick: the fused
-    reduction (``int8_gemv``, compiled) or the tiled product (``int8_tiled``)."""
+    """An int8 layer's codes through one of vgen's CPU products, whatever ``int8_product`` would pick: the fused
+    reduction (``int8_gemv``, compiled), the tiled product (``int8_tiled``) or the native kernel
+    (``vgen.kernels.native.int8_gemv``)."""
 
     def __init__(self, q: Int8Linear, fn):
         super().__init__()
@@ -93,7 +96,10 @@ def main():
             q8 = Int8Linear(lin)
             made = {"float32 F.linear": lin, "float32 vgen Linear (W @ x^T)": vlin, "int8 vgen (fused)": Product(q8, fused),
                     "int8 vgen (tiled)": Product(q8, int8_tiled), "int8 aten kernel": AtenInt8(q8), "int4 vgen (group 32)": Int4Linear(lin, 32),
-                    "int4 vgen (group 128)": Int4Linear(lin, 128)}
+                    "int4 vgen (group 128)": Int4Linear(lin, 128),
+                    "int4 aten kernel (group 32)": Int4Linear(lin, 32, cpu_kernel=True)}
+            if native.library() is not None:
+                made["int8 vgen (native)"] = Product(q8, native.int8_gemv)
             if torchao is not None:
                 t8 = copy.deepcopy(lin)
                 quantize_(t8, Int8WeightOnlyConfig())
@@ -103,7 +109,8 @@ def main():
                 fmts.setdefault(name, []).append(m)
         for rows in a.rows:
             x = torch.randn(rows, K)
-            ms = {name: timed(layers, x, a.calls) for name, layers in fmts.items()}
+            ms = {name: timed(layers, x, a.calls) for name, layers in fmts.items()
+                  if name != "int8 vgen (native)" or native.takes(x)}
             base = ms["float32 F.linear"]
             rows_out.append({"layer": label, "rows": rows, "ms": ms, "x_float32": {k: base / v for k, v in ms.items()},
                              "float_mb": K * N * 4 / 2 ** 20, "copies": a.copies})

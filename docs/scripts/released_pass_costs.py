@@ -1,8 +1,8 @@
 """What a speculative pass costs at a released model's shape on this machine: one forward pass of W = 1, 2, 4, 8 and
 16 tokens per sample (batch 1, guidance: 2 rows) against a 1-token pass, at Janus-Pro-1B's shape (random weights:
-speed depends on shapes only), in float32 and with int8 weights (vgen.kernels.quant).
+speed depends on shapes only), in float32 and with int8 (and int4) weights (vgen.kernels.quant).
 
-    python docs/scripts/released_pass_costs.py [--model janus-pro-1b] [--out docs/bench/pass-costs-janus-pro-1b.json]
+    python docs/scripts/released_pass_costs.py [--model janus-pro-1b] [--weights float32 int8 int4] [--out ...]
 
 Median of 5 passes per width (widths interleaved, after a warm-up round) on a cache filled to the middle of a
 24 x 24 image. The zoo models are too small to show it: a 16-token pass there costs what a 1-token pass costs in
@@ -47,17 +47,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="janus-pro-1b")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--weights", nargs="+", default=["float32", "int8"], choices=["float32", "int8", "int4"])
     a = ap.parse_args()
     out = a.out or f"docs/bench/pass-costs-{a.model}.json"
-    m, model, ids, _, _ = build(a.model, torch.float32, torch.device("cpu"), grid=24)
     rows = []
-    for weights in ("float32", "int8"):
-        if weights == "int8":
-            quantize_linears(model.family.decoder, "int8")
+    for weights in a.weights:
+        m, model, ids, _, _ = build(a.model, torch.float32, torch.device("cpu"), grid=24)  # the same random weights
+        if weights != "float32":
+            quantize_linears(model.family.decoder, weights)
         c = costs(model, ids)
         rows.append({"weights": weights, "weight_bytes": weight_bytes(m), "seconds": {str(w): s for w, s in c.items()},
                      "x_one_token": {str(w): s / c[1] for w, s in c.items()}})
         print(weights, {w: f"{1e3 * s:.0f} ms ({s / c[1]:.2f}x)" for w, s in c.items()}, flush=True)
+        del m, model
     rep = {"what": "one forward pass of W tokens per sample (batch 1, 2 rows with guidance), released shape, random "
            "weights", "model": a.model, "machine": machine(), "rows": rows}
     with open(out, "w") as f:

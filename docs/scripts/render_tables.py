@@ -100,7 +100,9 @@ def quantized(reps: list[dict]) -> str:
         for r in sorted(rows, key=lambda r: (r["sampler"], r["batch_size"], r["model"])):
             model, _, fmt = r["model"].partition("@")
             f = base.get((model, r["sampler"], r["batch_size"]))
-            lines.append(f"| {model} | {fmt or 'float32'} | `{r['sampler'].partition(':')[0]}` | {r['batch_size']} | "
+            compiled = " compiled" if "compile=true" in r["sampler"] else ""
+            lines.append(f"| {model} | {fmt or 'float32'} | `{r['sampler'].partition(':')[0]}`{compiled} | "
+                         f"{r['batch_size']} | "
                          f"{r['ms_per_token']:.2f} | {f / r['ms_per_token'] if f else 0:.2f} | "
                          f"{r['accepted_per_step']:.2f} |")
         for shape, by_fmt in ((rep.get("shapes") or {}).get("shapes") or {}).items():
@@ -152,11 +154,12 @@ def quant_kernels(reps: list[dict]) -> str:
         m = rep["machine"]
         lines += [f"{m.get('cpu') or m.get('processor')}, {rep['threads']} threads, torch {rep['torch']}, torchao "
                   f"{rep.get('torchao') or 'absent'}; ms per call (x float32 `F.linear`):", ""]
-        fmts = list(rep["rows"][0]["ms"])
+        fmts = list(dict.fromkeys(f for r in rep["rows"] for f in r["ms"]))  # a kernel past its rows: "-"
         lines += ["| layer | rows | " + " | ".join(fmts) + " |", "|---|---|" + "---|" * len(fmts)]
         for r in rep["rows"]:
             lines.append(f"| {r['layer']} | {r['rows']} | " + " | ".join(
-                f"{r['ms'][f]:.1f} ({r['x_float32'][f]:.2f}x)" for f in fmts) + " |")
+                f"{r['ms'][f]:.{2 if r['ms'][f] < 1 else 1}f} ({r['x_float32'][f]:.2f}x)" if f in r["ms"] else "-"
+                for f in fmts) + " |")
         lines.append("")
     return "\n".join(lines)
 

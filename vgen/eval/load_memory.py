@@ -96,27 +96,23 @@ def measure(path: Path, name: str, mode: str, group: int = 32) -> dict:
 
 
 def run(cfg) -> dict:
-    """Every shape x format x mode; the checkpoints are written to a temporary folder and removed after."""
+    """Every shape x format x mode; the checkpoints are written to a temporary folder and removed after (a
+    transformers release is saved in its one format, safetensors)."""
     names = check(cfg)
     quantize = [str(q) for q in (cfg.get("load_quantize") or [])]
     group = int(cfg.get("quantize_group", 32))
     result: dict = {"modes": modes(quantize), "shapes": {}}
     for name in names:
-        if name in HF_SHAPES:
+        hf = name in HF_SHAPES
+        if hf:
             result.setdefault("hf_modes", modes(quantize, name))
+        for fmt in ["safetensors"] if hf else cfg.get("load_formats") or ["pt"]:
             with tempfile.TemporaryDirectory(prefix="vgen-load-") as tmp:
-                path = save_hf_shape(name, Path(tmp))
-                cells = result["shapes"].setdefault(name, {}).setdefault("safetensors", {})
-                cells["file_mb"] = sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2 ** 20
-                for mode in result["hf_modes"]:
-                    cells[mode] = measure(path, name, mode, group)
-            continue
-        for fmt in cfg.get("load_formats") or ["pt"]:
-            with tempfile.TemporaryDirectory(prefix="vgen-load-") as tmp:
-                path = save_shape(name, Path(tmp), fmt)
+                path = save_hf_shape(name, Path(tmp)) if hf else save_shape(name, Path(tmp), fmt)
+                files = path.glob("*.safetensors") if hf else [path]
                 cells = result["shapes"].setdefault(name, {}).setdefault(fmt, {})
-                cells["file_mb"] = path.stat().st_size / 2 ** 20
-                for mode in result["modes"]:
+                cells["file_mb"] = sum(f.stat().st_size for f in files) / 2 ** 20
+                for mode in result["hf_modes"] if hf else result["modes"]:
                     cells[mode] = measure(path, name, mode, group)
     return result
 
@@ -165,15 +161,6 @@ def _child(path: str, name: str, mode: str, group: int) -> dict:
     from vgen.kernels.quant import quantize_model, weight_bytes
     from vgen.models.loading import load_official
 
-    def status(field: str) -> float | None:  # MB, from /proc/self/status (Linux)
-        try:
-            for line in open("/proc/self/status"):
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 2 ** 10
-        except OSError:
-            return None
-        return None
-
     torch.set_num_threads(max(1, torch.get_num_threads()))
     hf = Path(path).is_dir()  # a save_pretrained folder (a transformers release), else a vgen checkpoint file
     if hf:  # transformers and the loader imported before the count starts, as vgen's are
@@ -186,7 +173,7 @@ def _child(path: str, name: str, mode: str, group: int) -> dict:
     try:  # the peak from here on: the high-water mark reset to what the process holds now (Linux)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-        base, peak_mb = status("VmRSS"), lambda: status("VmHWM")
+        base, peak_mb = _status("VmRSS"), lambda: _status("VmHWM")
     except OSError:  # elsewhere: the process's peak so far, imports included
         r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         scale = 2 ** 20 if sys.platform == "darwin" else 2 ** 10  # bytes on macOS, kilobytes on Linux
@@ -223,9 +210,17 @@ def resident(model) -> float | None:
         for t in list(model.parameters()) + list(model.buffers()):
             if t.numel() and t.device.type == "cpu":
                 t.reshape(-1)[::256].sum()  # one element per page at least (4 KiB; int8's 256 elements = 256 B)
-    for line in open("/proc/self/status") if Path("/proc/self/status").exists() else []:
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 2 ** 10
+    return _status("VmRSS")
+
+
+def _status(field: str) -> float | None:
+    """A memory field of ``/proc/self/status`` in MB (Linux; None elsewhere)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 2 ** 10
+    except OSError:
+        return None
     return None
 
 

@@ -4,18 +4,21 @@
 biases, the KV cache and the logits keep their dtype; only the weight matrices are stored in fewer bits):
 
 * **int8**: one scale per output channel, symmetric (``w ~ q * s``, q in -127..127). On the CPU the product runs on
-  PyTorch's fused kernel ``torch._weight_int8pack_mm`` (it reads the int8 matrix, never a float copy); elsewhere as
-  ``(x @ q.T) * s``, which ``torch.compile`` fuses into one kernel (gpt-fast's formulation).
+  vgen's native kernel (:mod:`vgen.kernels.native`: each code read once and widened in registers) for up to
+  :data:`vgen.kernels.native.ROWS` float32 rows, else on :func:`int8_tiled` (a float tile at a time through BLAS);
+  where the native kernel cannot build, up to :func:`fused_rows` rows on a compiled reduction (AVX-512) with
+  ``torch._weight_int8pack_mm`` as its fallback. Elsewhere as ``(x @ q.T) * s``, which ``torch.compile`` fuses into
+  one kernel (gpt-fast's formulation).
 * **int4**: one scale and offset per group of ``group_size`` input channels, asymmetric (tinygemm's layout:
-  ``w ~ (q - 8) * s + z``, q in 0..15). On the CPU the product runs on ``torch._weight_int4pack_mm_for_cpu``
-  (weights packed once by ``torch._convert_weight_to_int4pack_for_cpu``); elsewhere the two-per-byte codes are
+  ``w ~ (q - 8) * s + z``, q in 0..15). Stored two codes a byte; on the CPU the product runs on the native kernel up
+  to its rows, else dequantized a tile at a time (:func:`int4_tiled`); where the native kernel cannot build, the
+  layer stores PyTorch's packed layout and runs ``torch._weight_int4pack_mm_for_cpu``. Elsewhere the codes are
   unpacked and dequantized inside the call (compiled, that fuses too).
 
-These are the same aten kernels torchao's CPU layouts dispatch to; torchao's own ``Int8WeightOnlyConfig`` (0.18)
-casts the whole int8 matrix to float in every eager call, which reads more bytes than float32 does (the comparison is
-in docs/lab/benchmarks-log.md, "int8 / int4 weights"). An int4 layer whose input width the group size does not
-divide, or whose outputs are not a multiple of 16, stays in float (``quantize_linears`` returns how many layers it
-changed and kept).
+torchao's ``Int8WeightOnlyConfig`` (0.18) casts the whole int8 matrix to float in every eager call, which reads more
+bytes than float32 does (the comparison is in docs/lab/benchmarks-log.md, "int8 / int4 weights"). An int4 layer whose
+input width the group size does not divide, or whose outputs are not a multiple of 16, stays in float
+(``quantize_linears`` returns how many layers it changed and kept).
 
 An embedding table can be stored in int8 too (:func:`quantize_embedding`: one scale per row; a lookup reads only
 its rows), sharing its codes with an output layer tied to it: a transformers model's text vocabulary (Janus-Pro-1B's
@@ -30,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vgen.errors import VGenError
+from vgen.kernels import native
 from vgen.kernels.linear import Linear
 
 LINEARS = (nn.Linear, Linear)  # the layers replaced (exactly these types: a subclass may read its own weight)
@@ -83,36 +87,48 @@ def int8_tiled(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> t
     return (out * scale[:, None]).t()
 
 
-@torch.library.custom_op("vgen::int8_tiled", mutates_args=())
-def int8_tiled_op(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """:func:`int8_tiled` as one opaque operator, so a compiled step calls it as it is (its tile loop is not traced)."""
-    return int8_tiled(x, qweight, scale).contiguous()
+def int8_cpu(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The CPU product past :func:`fused_rows`: vgen's native kernel (:func:`vgen.kernels.native.int8_gemv`) for a
+    float32 input of up to :data:`vgen.kernels.native.ROWS` rows where it built, else :func:`int8_tiled`."""
+    if native.takes(x):
+        return native.int8_gemv(x, qweight, scale)
+    return int8_tiled(x, qweight, scale)
 
 
-@int8_tiled_op.register_fake
+@torch.library.custom_op("vgen::int8_cpu", mutates_args=())
+def int8_cpu_op(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """:func:`int8_cpu` as one opaque operator, so a compiled step calls it as it is (the native call and the tile
+    loop are not traced; the choice by rows is made at run time)."""
+    return int8_cpu(x, qweight, scale).contiguous()
+
+
+@int8_cpu_op.register_fake
 def _(x, qweight, scale):
     return x.new_empty(x.shape[0], qweight.shape[0])
 
 
+@torch.compiler.assume_constant_result
 def fused_rows() -> int:
-    """Rows up to which :func:`int8_product` runs the fused reduction (:func:`int8_gemv`) rather than
-    :func:`int8_tiled`: 2 (one sample with guidance) where the CPU runs AVX-512, on which the fused reduction made a
-    2-row int8 layer 5-6x faster than float32's (docs/bench/quant-kernels-cpu.json); 0 elsewhere, as on AVX2, where
-    it was slower than the tiled product at every width: 1.2-3.4x at 1 row, 4-5x at 2, 19-27x at 16-32
-    (docs/bench/quant-kernels-cpu-avx2.json)."""
+    """Rows up to which :func:`int8_product` runs the compiled reduction (:func:`int8_gemv`) rather than
+    :func:`int8_cpu`: 0 where vgen's native kernel built (:func:`vgen.kernels.native.library`: on the AVX2 machine
+    3-8x faster than float32 at 1-4 rows, docs/bench/quant-kernels-cpu-avx2.json); else 2 (one sample with
+    guidance) where the CPU runs AVX-512, on which the reduction made a 2-row int8 layer 5-6x faster than float32's
+    (docs/bench/quant-kernels-cpu.json), and 0 elsewhere, as on AVX2, where it was slower than the tiled product at
+    every width. Evaluated once, outside any compiled graph."""
     if "rows" not in _FUSED:
-        _FUSED["rows"] = 2 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 0
+        avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        _FUSED["rows"] = 2 if avx512 and native.library() is None else 0
     return _FUSED["rows"]
 
 
 def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The CPU product of :class:`Int8Linear`: :func:`int8_tiled` for more rows than :func:`fused_rows`, else
+    """The CPU product of :class:`Int8Linear`: :func:`int8_cpu` for more rows than :func:`fused_rows`, else
     :func:`int8_gemv` compiled (inside a compiled step, inlined into it; docs/quantization.md has the timings), or
     PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++ compiler), said once."""
-    if torch.compiler.is_compiling():  # inside a compiled step: the rule by the CPU alone (the rows are symbolic)
-        return int8_tiled_op(x, qweight, scale) if fused_rows() == 0 else int8_gemv(x, qweight, scale)
+    if torch.compiler.is_compiling():  # inside a compiled step: the rule by the machine alone (the rows are symbolic)
+        return int8_cpu_op(x, qweight, scale) if fused_rows() == 0 else int8_gemv(x, qweight, scale)
     if x.shape[0] > fused_rows():
-        return int8_tiled(x, qweight, scale)
+        return int8_cpu(x, qweight, scale)
     fn = _FUSED.get("fn")
     if fn is None and "failed" not in _FUSED:
         fn = _FUSED["fn"] = torch.compile(int8_gemv, dynamic=True)
@@ -231,6 +247,59 @@ def quantize_embedding(root: nn.Module, emb: nn.Embedding) -> int:
     return changed
 
 
+def int4_rows(qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int, rows: slice,
+              dtype: torch.dtype) -> torch.Tensor:
+    """Rows ``rows`` of an int4 matrix in the portable layout (codes two to a byte, ``scale_zero`` (K/G, N, 2)),
+    dequantized to ``dtype``: ``(q - 8) * s + z`` per group."""
+    q = qweight[rows]
+    codes = torch.stack([q & 15, q >> 4], -1).reshape(q.shape[0], -1, group_size).to(dtype)
+    s, z = scale_zero[:, rows].transpose(0, 1).to(dtype).unbind(-1)  # (rows, K/G) each
+    return ((codes - 8) * s[..., None] + z[..., None]).reshape(q.shape[0], -1)
+
+
+def int4_tiled(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x (M, K) times an int4 matrix in the portable layout, :data:`TILE` weights dequantized at a time into x's
+    dtype and multiplied by PyTorch's matrix product (a wide pass; memory holds one float tile, never the matrix)."""
+    n, k = qweight.shape[0], x.shape[1]
+    step = max(16, TILE // max(1, k))
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    fast = x.dtype == torch.float32 and scale_zero.dtype == torch.float32 and x.device.type == "cpu" and \
+        scale_zero.transpose(0, 1).is_contiguous() and native.library() is not None  # the tile made natively
+    buf = torch.empty(min(step, n), k) if fast else None
+    for i in range(0, n, step):
+        rows = slice(i, min(n, i + step))
+        w = native.int4_rows(qweight, scale_zero, group_size, rows, buf[: rows.stop - i]) if fast else \
+            int4_rows(qweight, scale_zero, group_size, rows, x.dtype)
+        torch.mm(x, w.t(), out=out[:, rows])
+    return out
+
+
+def int4_cpu(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The CPU product of an int4 layer in the portable layout: vgen's native kernel
+    (:func:`vgen.kernels.native.int4_gemv`) for a float32 input of up to its rows, else :func:`int4_tiled`."""
+    if native.takes(x):
+        return native.int4_gemv(x, qweight, scale_zero, group_size)
+    return int4_tiled(x, qweight, scale_zero, group_size)
+
+
+@torch.library.custom_op("vgen::int4_cpu", mutates_args=())
+def int4_cpu_op(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`int4_cpu` as one opaque operator for compiled steps (as :func:`int8_cpu_op`)."""
+    return int4_cpu(x, qweight, scale_zero, group_size).contiguous()
+
+
+@int4_cpu_op.register_fake
+def _(x, qweight, scale_zero, group_size):
+    return x.new_empty(x.shape[0], qweight.shape[0])
+
+
+def int4_product(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`int4_cpu`, called through its operator inside a compiled step."""
+    if torch.compiler.is_compiling():
+        return int4_cpu_op(x, qweight, scale_zero, group_size)
+    return int4_cpu(x, qweight, scale_zero, group_size)
+
+
 class Int4Linear(nn.Module):
     """``nn.Linear`` with 4-bit codes, one scale and offset per ``group_size`` inputs of each output channel."""
 
@@ -252,13 +321,16 @@ class Int4Linear(nn.Module):
                 torch.int32).reshape(-1, K)
         zero = lo + 8 * scale  # tinygemm's form: w ~ (q - 8) * scale + zero
         self.in_features, self.out_features, self.group_size = K, N, G
-        self.cpu_kernel = w.device.type == "cpu" if cpu_kernel is None else cpu_kernel
+        if cpu_kernel is None:  # PyTorch's packed layout on a CPU where vgen's native kernel did not build
+            cpu_kernel = w.device.type == "cpu" and native.library() is None
+        self.cpu_kernel = cpu_kernel
+        sz = torch.stack([scale, zero], -1).to(linear.weight.dtype)  # (N, K/G, 2)
         if self.cpu_kernel:
             self.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(q, 1))
-        else:
-            self.register_buffer("qweight", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))  # two codes a byte
-        dt = linear.weight.dtype
-        self.register_buffer("scale_zero", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dt))
+            self.register_buffer("scale_zero", sz.transpose(0, 1).contiguous())  # (K/G, N, 2), the kernel's
+        else:  # two codes a byte; the scales stored output by output (what the native kernel reads), seen as (K/G, N, 2)
+            self.register_buffer("qweight", (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8))
+            self.register_buffer("scale_zero", sz.transpose(0, 1))
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
     def codes(self) -> torch.Tensor:
@@ -277,9 +349,12 @@ class Int4Linear(nn.Module):
         return ((q - 8) * s[..., None] + z[..., None]).reshape(N, K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_kernel and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-            y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, x.shape[-1]), self.qweight, self.group_size,
-                                                  self.scale_zero.to(x.dtype))
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x2 = x.reshape(-1, x.shape[-1])
+            if self.cpu_kernel:
+                y = torch._weight_int4pack_mm_for_cpu(x2, self.qweight, self.group_size, self.scale_zero.to(x.dtype))
+            else:
+                y = int4_product(x2, self.qweight, self.scale_zero.to(x.dtype), self.group_size)
             y = y.reshape(*x.shape[:-1], self.out_features)
         else:
             y = F.linear(x, self.dequantized().to(x.dtype))
