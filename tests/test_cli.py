@@ -233,6 +233,7 @@ def test_bench_writes_table_json_and_plot(tiny_pipeline, tmp_path):
     # what a table rendered from this JSON names: the machine, the date, each model's dtype, each cell's compile mode
     import torch
     assert rep["machine"]["cores"] >= 1 and rep["machine"]["torch"] == torch.__version__ and rep["date"][:2] == "20"
+    assert rep["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()  # AVX2 / AVX512: one model name
     assert rep["dtype"] == {str(tiny_pipeline): "float32"} and ar["compile"] is False
 
 

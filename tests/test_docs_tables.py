@@ -30,6 +30,8 @@ def test_a_changed_figure_changes_the_render():
     row["speedup_vs_ar_paired"] *= 1.1
     assert rt.small_jobs([rep]) != rt.small_jobs([moved])
     assert "AMD EPYC" in rt.small_jobs([rep])  # the machine is named
+    moved["machine"]["cpu_capability"] = "AVX2"  # and its vector ISA where the JSON records it
+    assert "AMD EPYC (AVX2), 2 cores" in rt.small_jobs([moved]) and "(AVX" not in rt.small_jobs([rep])
 
 
 def _rep(ar_c, ar_e, sjd_c, sjd_e, rounds=3):

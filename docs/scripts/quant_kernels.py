@@ -120,7 +120,7 @@ def main():
                       f"--rows {' '.join(map(str, a.rows))}", "torch": torch.__version__,
            "torchao": getattr(torchao, "__version__", None), "threads": torch.get_num_threads(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu": _cpu()}, "rows": rows_out}
+                       "cpu": _cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}, "rows": rows_out}
     with open(a.out, "w") as f:
         json.dump(rep, f, indent=1)
     print("wrote", a.out)

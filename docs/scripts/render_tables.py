@@ -24,6 +24,8 @@ BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+)(?P<files>(?: [^ >]+)*) -->\n
 def machine(rep: dict) -> str:
     m = rep.get("machine", {})
     what = m.get("gpu") or m.get("cpu") or m.get("processor") or "?"
+    if not m.get("gpu") and m.get("cpu_capability"):  # the vector ISA PyTorch runs (recorded since 2026-11-29)
+        what += f" ({m['cpu_capability']})"
     cores = f", {m['cores']} cores" if m.get("cores") else ""
     return f"{what}{cores}, torch {m.get('torch', '?')}, vgen {m.get('vgen_commit') or '?'}"
 

@@ -63,8 +63,10 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
 
 
 def machine() -> dict:
-    """What a bench JSON records of the machine and code that measured it: the CPU's model name and cores, the GPU's
-    name where CUDA is up, threads, torch, TF32, and vgen's commit (where it runs from a git checkout)."""
+    """What a bench JSON records of the machine and code that measured it: the CPU's model name, cores and the vector
+    instructions PyTorch runs on it (``cpu_capability``: AVX2, AVX512, ...; two machines of one model name can
+    differ), the GPU's name where CUDA is up, threads, torch, TF32, and vgen's commit (where it runs from a git
+    checkout)."""
     import subprocess
     cpu = platform.processor()
     try:
@@ -78,6 +80,7 @@ def machine() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu, "cores": os.cpu_count(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "cuda_tf32": torch.backends.cuda.matmul.allow_tf32, "vgen_commit": commit}
