@@ -247,8 +247,8 @@ def quantize_embedding(root: nn.Module, emb: nn.Embedding) -> int:
     return changed
 
 
-def int4_rows(qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int, rows: slice,
-              dtype: torch.dtype) -> torch.Tensor:
+def int4_dequantized(qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int, rows: slice,
+                     dtype: torch.dtype) -> torch.Tensor:
     """Rows ``rows`` of an int4 matrix in the portable layout (codes two to a byte, ``scale_zero`` (K/G, N, 2)),
     dequantized to ``dtype``: ``(q - 8) * s + z`` per group."""
     q = qweight[rows]
@@ -264,12 +264,13 @@ def int4_tiled(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
     step = max(16, TILE // max(1, k))
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     fast = x.dtype == torch.float32 and scale_zero.dtype == torch.float32 and x.device.type == "cpu" and \
-        scale_zero.transpose(0, 1).is_contiguous() and native.library() is not None  # the tile made natively
+        qweight.is_contiguous() and scale_zero.transpose(0, 1).is_contiguous() and \
+        native.library() is not None  # the tile made natively (what native.int4_rows takes)
     buf = torch.empty(min(step, n), k) if fast else None
     for i in range(0, n, step):
         rows = slice(i, min(n, i + step))
         w = native.int4_rows(qweight, scale_zero, group_size, rows, buf[: rows.stop - i]) if fast else \
-            int4_rows(qweight, scale_zero, group_size, rows, x.dtype)
+            int4_dequantized(qweight, scale_zero, group_size, rows, x.dtype)
         torch.mm(x, w.t(), out=out[:, rows])
     return out
 
