@@ -20,18 +20,20 @@ def joints(micro_gpt):
     return joint.numpy(), unguided.numpy()
 
 
-@pytest.mark.parametrize("window,width,depth,continuation,init", [
-    (3, 2, 1, True, "random"), pytest.param(4, 2, 2, False, "random", marks=pytest.mark.slow),
-    pytest.param(3, 3, 2, True, "random", marks=pytest.mark.slow),
-    pytest.param(4, 3, 1, True, "sample", marks=pytest.mark.slow),
-    pytest.param(3, 2, 2, True, "horizontal", marks=pytest.mark.slow)])
-def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init):
+@pytest.mark.parametrize("window,width,depth,continuation,init,chains", [
+    (3, 2, 1, True, "random", "main"), pytest.param(4, 2, 2, False, "random", "main", marks=pytest.mark.slow),
+    pytest.param(3, 3, 2, True, "random", "main", marks=pytest.mark.slow),
+    pytest.param(4, 3, 1, True, "sample", "main", marks=pytest.mark.slow),
+    pytest.param(3, 2, 2, True, "horizontal", "main", marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, True, "random", "leaves", marks=pytest.mark.slow)])
+def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, chains):
     """Lossless: 10k batched pac samples (trees, siblings drawn without replacement, the continuation on and off,
-    drafts from several inits; CFG, top-k and temperature on) follow the enumerated joint; the same counts reject
-    the unguided one and one a tenth of the way to it (power), and no zero-probability image appears."""
+    drafts from several inits, a chain after the main path or after every leaf; CFG, top-k and temperature on)
+    follow the enumerated joint; the same counts reject the unguided one and one a tenth of the way to it (power),
+    and no zero-probability image appears."""
     joint, unguided = joints
     tokens, st = sample(micro_gpt, [1] * N, "pac", seed=0, window=window, tree_width=width, tree_depth=depth,
-                        continuation=continuation, init=init, **OPTS)
+                        continuation=continuation, init=init, chains=chains, **OPTS)
     counts = counts_of(tokens, 4)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, unguided) < 1e-6 and chi2_p(counts, toward(joint, unguided)) < 1e-6
@@ -55,6 +57,7 @@ def test_the_tree_is_the_branches_then_the_main_path(micro_gpt):
     assert pac_paths(4, 2, 1) == ((0,), (1,), (0, 0), (0, 0, 0))
     assert pac_paths(4, 2, 2) == ((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0))
     assert pac_paths(2, 3, 2) == ((0,), (1,), (2,))  # the tree never branches past the window
+    assert pac_paths(4, 2, 1, "leaves") == ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (1, 0, 0))  # a chain per leaf
     with pytest.raises(VGenError, match="tree_width and tree_depth must be >= 1"):
         sample(micro_gpt, [0], "pac", tree_width=0)
 
@@ -66,8 +69,11 @@ def test_trees_parse_and_refuse_bad_ones(micro_gpt):
     assert get_sampler("pac", trees="").timed_widths() == [8]
     with pytest.raises(VGenError, match="trees must look like '2x1,3x1'"):
         sample(micro_gpt, [0], "pac", trees="2by1")
-    with pytest.raises(VGenError, match="a tree of width 9 and depth 3 has 819 nodes"):
-        sample(micro_gpt, [0], "pac", trees="2x1,9x3")
+    with pytest.raises(VGenError, match="a tree of width 9 and depth 3 with chains=main at window 4 has 819 nodes"):
+        sample(micro_gpt, [0], "pac", trees="2x1,9x3")  # the micro model's 4 tokens bound the window
+    from vgen.samplers.pac import PacOptions
+    with pytest.raises(VGenError, match="a tree of width 6 and depth 1 with chains=leaves at window 128 has 762 nod"):
+        PacOptions(window=128, tree_width=6, tree_depth=1, chains="leaves").validate()
 
 
 def test_timed_choice_takes_a_tree_among_widths():

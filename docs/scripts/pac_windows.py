@@ -1,22 +1,54 @@
-"""Tokens per pass of sjd, scd (coupling=maximal) and pac trees at several windows (8 samples in one batch, eager):
-`python docs/scripts/pac_windows.py photos-gpt [windows, default 16,32] [pac trees, default 3x2,4x2]`."""
+"""Tokens per pass and the share of one-token passes of sjd, scd (gumbel and maximal coupling) and pac trees at fixed
+windows, N samples in one batch, eager, seeds 0..N-1, the card's example conditions:
+`python docs/scripts/pac_windows.py photos-gpt [--windows 16,32] [--trees 3x2,4x2] [--n 8] [--out FILE.json]`.
+A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``). ``--out`` appends this model's rows
+to FILE.json (rendered by render_tables.py's ``pac-windows``), with the machine and commit."""
+import argparse
+import datetime
+import json
+import os
 import sys
 
 import torch
 
 import vgen
 from vgen.conditions import examples
+from vgen.eval.bench.reporting import machine
 
-pipe = vgen.load_pipeline(sys.argv[1]); n = 8
-windows = [int(w) for w in (sys.argv[2] if len(sys.argv) > 2 else "16,32").split(",")]
-trees = [t.split("x") for t in (sys.argv[3] if len(sys.argv) > 3 else "3x2,4x2").split(",")]
-runs = [("sjd", {}), ("scd", {"coupling": "maximal"})]
-runs += [("pac", {"tree_width": int(k), "tree_depth": int(d)}) for k, d in trees]
-cond = pipe.encode(examples(pipe.card, n))
-for w in windows:
+ap = argparse.ArgumentParser()
+ap.add_argument("model")
+ap.add_argument("--windows", default="16,32")
+ap.add_argument("--trees", default="3x2,4x2")
+ap.add_argument("--n", type=int, default=8)
+ap.add_argument("--out", default=None)
+a = ap.parse_args()
+
+pipe = vgen.load_pipeline(a.model)
+runs = [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
+for t in a.trees.split(","):
+    width, depth = t.upper().rstrip("L").split("X")
+    runs.append(("pac", {"tree_width": int(width), "tree_depth": int(depth),
+                         "chains": "leaves" if t.upper().endswith("L") else "main"}))
+cond = pipe.encode(examples(pipe.card, a.n))
+rows = []
+for w in (int(x) for x in a.windows.split(",")):
     for name, o in runs:
         s = pipe.make_sampler(name, compile=False, window=w, **o)
         with torch.inference_mode():
-            _, st = pipe.sample_tokens(s, cond, list(range(n)), batch_size=n)
+            _, st = pipe.sample_tokens(s, cond, list(range(a.n)), batch_size=a.n)
         h = st["pass_histogram"]
-        print(f"w{w} {name} {o} tok/pass {st['accepted_per_step']:.2f} one-token {h[0]/max(sum(h),1):.2f}", flush=True)
+        rows.append({"model": a.model, "window": w, "sampler": name, "options": o,
+                     "tokens_per_pass": st["accepted_per_step"], "one_token_share": h[0] / max(sum(h), 1)})
+        print(f"w{w} {name} {o} tok/pass {rows[-1]['tokens_per_pass']:.2f} one-token {rows[-1]['one_token_share']:.2f}",
+              flush=True)
+if a.out:
+    rep = json.load(open(a.out)) if os.path.exists(a.out) else {
+        "what": "tokens per pass and share of one-token passes at fixed windows; eager, one batch, seeds 0..n-1",
+        "samples": a.n, "machine": machine(), "date": datetime.date.today().isoformat(), "rows": []}
+    rep["rows"] = [r for r in rep["rows"] if r["model"] != a.model] + rows
+    rep.setdefault("commands", []).append("python docs/scripts/pac_windows.py " + " ".join(sys.argv[1:]))
+    tmp = a.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rep, f, indent=1)
+    os.replace(tmp, a.out)
+    print("wrote", a.out)

@@ -27,6 +27,8 @@ from vgen.samplers.speculative.jacobi import FRESH_Q, INITS, check_init
 from vgen.samplers.speculative.pac import PacTables, PacTree, pac_paths
 from vgen.samplers.speculative.step import StepConfig
 
+MAX_NODES = 512  # one pass feeds every node of the tree
+
 
 @dataclass
 class PacOptions(SpeculativeOptions):
@@ -42,6 +44,9 @@ class PacOptions(SpeculativeOptions):
                         "tree_depth at max_window, the fastest that beats AR's loop running the job (every node is a "
                         "row of the pass: where rows cost, as on a CPU, a narrow tree can pay when the wide one "
                         "cannot); '': that tree only")
+    chains: str = option("main", "which leaves the chain to window-1 drafts hangs from: main (the first candidate's "
+                         "path, the official tree) or leaves (every leaf: a pass that accepts a later sibling goes on "
+                         "down its own chain, at the cost of one row per leaf and draft)", choices=("main", "leaves"))
     continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
                                 "coupling); false: fresh draws (the ablation)")
     init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
@@ -51,11 +56,13 @@ class PacOptions(SpeculativeOptions):
         super().validate(spec)
         if self.tree_width < 1 or self.tree_depth < 1:
             raise VGenError(f"tree_width and tree_depth must be >= 1, got {self.tree_width} and {self.tree_depth}")
+        window = self.window if self.window != "auto" else self.max_window
         for width, depth in [(self.tree_width, self.tree_depth), *map(parse_tree, tree_list(self.trees))]:
-            nodes = sum(width ** d for d in range(1, depth + 1))
-            if nodes > 512:
-                raise VGenError(f"a tree of width {width} and depth {depth} has {nodes} nodes: one pass would feed "
-                                "them all; use a narrower or shallower tree (<= 512 nodes)")
+            nodes = len(pac_paths(window, width, depth, self.chains))
+            if nodes > MAX_NODES:
+                raise VGenError(f"a tree of width {width} and depth {depth} with chains={self.chains} at window "
+                                f"{window} has {nodes} nodes: one pass would feed them all; use a narrower or "
+                                f"shallower tree, a shorter window or chains=main (<= {MAX_NODES} nodes)")
         check_init(self.init, spec)
 
 
@@ -78,15 +85,15 @@ def parse_tree(text: str) -> tuple[int, int]:
     return width, depth
 
 
-def pac_tables(window: int, width: int, depth: int, device: torch.device) -> PacTables:
+def pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str = "main") -> PacTables:
     """A tree's tables, once per shape and device (the same tensors at every run: on CUDA static addresses, so the
     recorded graphs replay). Read-only."""
-    return static_all(_pac_tables(window, width, depth, torch.device(device)))
+    return static_all(_pac_tables(window, width, depth, torch.device(device), chains))
 
 
 @functools.lru_cache(maxsize=32)
-def _pac_tables(window: int, width: int, depth: int, device: torch.device) -> PacTables:
-    return PacTables(static_tree(pac_paths(window, width, depth), device), width, depth, device)
+def _pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str) -> PacTables:
+    return PacTables(static_tree(pac_paths(window, width, depth, chains), device), width, depth, device)
 
 
 @register_sampler
@@ -98,7 +105,7 @@ class PacSampler(SpeculativeSampler):
 
     def tables(self, model, window: int) -> PacTables:
         o = self.options
-        return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device)
+        return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device, o.chains)
 
     def step_config(self, model, widest: int) -> StepConfig:
         t = self.tables(model, widest)

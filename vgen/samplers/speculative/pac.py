@@ -44,14 +44,15 @@ from vgen.samplers.speculative.step import (
 )
 
 
-def pac_paths(window: int, width: int, depth: int) -> tuple[tuple[int, ...], ...]:
-    """The tree: every path of ranks < ``width`` up to ``depth``, then the main path (ranks 0) out to ``window - 1``
-    drafts."""
+def pac_paths(window: int, width: int, depth: int, chains: str = "main") -> tuple[tuple[int, ...], ...]:
+    """The tree: every path of ranks < ``width`` up to ``depth``, then a chain (ranks 0) out to ``window - 1``
+    drafts: after the main path only (``chains='main'``, the official tree) or after every leaf (``'leaves'``)."""
     level, paths = [()], []
     for _ in range(min(depth, window - 1)):
         level = [p + (r,) for p in level for r in range(width)]
         paths += level
-    paths += [(0,) * d for d in range(min(depth, window - 1) + 1, window)]
+    leaves = level if chains == "leaves" else [level[0]]
+    paths += [leaf + (0,) * d for leaf in leaves for d in range(1, window - len(leaf))]
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
@@ -143,7 +144,7 @@ class PacTree(Chain):
         decided node, the main path where that runs out), positions past the tree from ``init``."""
         tree = tables.tree
         n, k, (path, x) = s.n, v.k, v.memo
-        B, J, V, dev = n.shape[0], tables.columns, p.shape[-1], n.device
+        J, dev = tables.columns, n.device
         keep_path(model, cache, n, path, c, tree)
         ex = us[4]
         keep_u, redraw_u = ex[:, :J], ex[:, J:2 * J]
@@ -160,7 +161,7 @@ class PacTree(Chain):
         g = gather_rows(p, torch.where(stale, cont.gather(1, (dg - 1).clamp_max(J - 1)), 0))  # (B, J, V)
         # new positions (past this tree): drafts from init after the main path's end, proposals as Jacobi's
         last = n - 1 + J
-        p_last = p.gather(1, tables.main[J].expand(B)[:, None, None].expand(B, 1, V)).squeeze(1)
+        p_last = gather_rows(p, cont[:, J - 1:])[:, 0]  # after the node continuing the decided path
         f, fq = fresh_drafts(tokens, last, p_last, fresh_u, init=init, fresh_q=fresh_q, grid=c.grid)
         fj = (dg - J).clamp(0, J)  # column j's index among the new positions (from position n + J)
         base = torch.where(stale[..., None], g, gather_rows(fq, fj))
