@@ -83,3 +83,20 @@ def test_the_bench_table_filters_and_pairs():
     assert len(lines) == 2 and all("`sjd`" in ln for ln in lines)  # only sjd's cells
     eager = next(ln for ln in lines if "| eager |" in ln)
     assert "0.63 (0.5" in eager  # x the fastest (compiled) ar, geometric mean of 2/3, 2/3.2, 2/3.4 with its interval
+
+
+def test_the_pac_windows_table_takes_the_best_tree_over_sjd_and_scd():
+    """docs/scripts/pac_windows.py's JSON: one row per model and window, a column per setting, the best pac tree's
+    ratio to sjd's and to scd's (gumbel, the default) tokens per pass."""
+    rt = renderer()
+    def row(sampler, tpp, share, **o):
+        return {"model": "photos-gpt", "window": 32, "sampler": sampler, "options": o, "tokens_per_pass": tpp,
+                "one_token_share": share}
+    rep = {"samples": 32, "date": "2026-11-29", "machine": {"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1"},
+           "rows": [row("sjd", 2.0, 0.5), row("scd", 2.5, 0.6), row("scd", 3.0, 0.6, coupling="maximal"),
+                    row("pac", 3.2, 0.4, tree_width=3, tree_depth=2, chains="main"),
+                    row("pac", 3.6, 0.45, tree_width=3, tree_depth=2, chains="leaves")]}
+    out = rt.pac_windows([rep], ["docs/bench/x.json"])
+    assert "| `sjd` | `scd` | `scd` coupling=maximal | `pac` 3x2 | `pac` 3x2 leaves |" in out
+    assert "| photos-gpt | 32 | 2.00 (0.50) | 2.50 (0.60) | 3.00 (0.60) | 3.20 (0.40) | 3.60 (0.45) | 1.80x | 1.44x |" in out
+    assert "AMD EPYC, 2 cores" in out and "32 samples" in out

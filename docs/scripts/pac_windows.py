@@ -22,6 +22,8 @@ ap.add_argument("--trees", default="3x2,4x2")
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--out", default=None)
 a = ap.parse_args()
+if a.out and os.path.exists(a.out) and "samples" not in json.load(open(a.out)):
+    sys.exit(f"{a.out} is not a pac_windows.py table (another bench JSON?): name a new file with --out")
 
 pipe = vgen.load_pipeline(a.model)
 runs = [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
@@ -45,6 +47,9 @@ if a.out:
     rep = json.load(open(a.out)) if os.path.exists(a.out) else {
         "what": "tokens per pass and share of one-token passes at fixed windows; eager, one batch, seeds 0..n-1",
         "samples": a.n, "machine": machine(), "date": datetime.date.today().isoformat(), "rows": []}
+    if rep["samples"] != a.n:
+        sys.exit(f"{a.out} holds {rep['samples']} samples per cell, this run {a.n}: use --n {rep['samples']} or "
+                 "another --out")
     rep["rows"] = [r for r in rep["rows"] if r["model"] != a.model] + rows
     rep.setdefault("commands", []).append("python docs/scripts/pac_windows.py " + " ".join(sys.argv[1:]))
     tmp = a.out + ".tmp"

@@ -415,6 +415,34 @@ def tokens_per_pass(reps: list[dict], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _pac_label(r: dict) -> str:
+    o = r["options"]
+    if r["sampler"] != "pac":
+        return f"`{r['sampler']}`" + "".join(f" {k}={v}" for k, v in o.items())
+    return f"`pac` {o['tree_width']}x{o['tree_depth']}" + (" leaves" if o.get("chains") == "leaves" else "")
+
+
+def pac_windows(reps: list[dict], files: list[str]) -> str:
+    """docs/scripts/pac_windows.py: tokens per pass (one-token share) per model and window, and the best pac tree's
+    ratio to sjd's and scd's."""
+    lines = []
+    for rep, f in zip(reps, files):
+        labels = list(dict.fromkeys(_pac_label(r) for r in rep["rows"]))
+        lines += [f"{machine(rep)}, {rep['date']}; {rep['samples']} samples in one batch per cell, eager (`{f}`); "
+                  "tokens per pass (share of passes deciding one token):", "",
+                  "| model | window | " + " | ".join(labels) + " | best `pac` / `sjd` | / `scd` |",
+                  "|---|---|" + "---|" * (len(labels) + 2)]
+        for model, window in dict.fromkeys((r["model"], r["window"]) for r in rep["rows"]):
+            cell = {_pac_label(r): r for r in rep["rows"] if (r["model"], r["window"]) == (model, window)}
+            best = max((r["tokens_per_pass"] for r in cell.values() if r["sampler"] == "pac"), default=float("nan"))
+            ref = lambda k: cell[k]["tokens_per_pass"] if k in cell else float("nan")  # noqa: E731
+            lines.append(f"| {model} | {window} | " + " | ".join(
+                f"{cell[k]['tokens_per_pass']:.2f} ({cell[k]['one_token_share']:.2f})" if k in cell else ""
+                for k in labels) + f" | {best / ref('`sjd`'):.2f}x | {best / ref('`scd`'):.2f}x |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 GUIDE = {  # a README row's words: the guarantee (tested: docs/samplers.md) and when to reach for it
     "ar": ("exact (the reference)", "the plain sampler; the baseline below"),
     "sjd": ("exact", "AR's distribution, no extra weights"),
@@ -501,8 +529,10 @@ def readme(reps: list[dict], files: list[str]) -> str:
 RENDERERS = {"small-jobs": small_jobs, "bench": bench, "readme": readme, "transformers": transformers,
              "lumina": lumina, "tokens-per-pass": tokens_per_pass, "speculative": speculative, "quantized": quantized,
              "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs,
-             "quantized-load": quantized_load, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes}
-WITH_FILES = ("gpu-zoo", "gpu-shapes", "bench", "readme", "transformers", "lumina", "tokens-per-pass")  # renderers that read the files' names too
+             "quantized-load": quantized_load, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes,
+             "pac-windows": pac_windows}
+WITH_FILES = ("gpu-zoo", "gpu-shapes", "bench", "readme", "transformers", "lumina", "tokens-per-pass",
+              "pac-windows")  # renderers that read the files' names too
 
 
 def render(name: str, args: list[str]) -> str:
