@@ -193,6 +193,7 @@ def test_second_process_reuses_compiled_step(tmp_path):
     assert runs[0]["tokens"] == runs[1]["tokens"]
 
 
+@pytest.mark.slow  # 200 compilations (eager backend): 17 s on a 2-core machine
 def test_a_step_keeps_compiling_past_two_hundred_shapes():
     """One step function compiled for many shapes in one process (a bench of every speculative sampler: batch sizes x
     widths x KV buckets x settings, about 200 graphs of jacobi_step) keeps getting graphs: past dynamo's limit it would

@@ -33,8 +33,9 @@ def test_bfloat16_logits_reach_the_sampler_as_float32(micro_bf16):
     assert abs(joint.sum() - 1) < 1e-5
 
 
-@pytest.mark.parametrize("name,extra", [("ar", {}), ("sjd", dict(window=3, init="vertical")),
-                                        ("scd", dict(window=3))])
+@pytest.mark.parametrize("name,extra", [  # the speculative ones are long statistical tests: the full suite runs them
+    ("ar", {}), pytest.param("sjd", dict(window=3, init="vertical"), marks=pytest.mark.slow),
+    pytest.param("scd", dict(window=3), marks=pytest.mark.slow)])
 def test_exact_samplers_stay_exact_with_a_bfloat16_target(micro_bf16, name, extra):
     """10k samples of a bfloat16 model follow the joint its bfloat16 logits define (chi-square), the same counts
     reject the unguided joint and one a tenth of the way to it (power), and no image of probability zero appears."""
