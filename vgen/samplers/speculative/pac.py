@@ -4,7 +4,8 @@ In SJD about half the passes decide one token: a rejection at position i makes e
 drawn given the rejected token), and the next pass starts over with one chain. Here every pass verifies a static
 tree instead (:mod:`vgen.kernels.tree`): at each of the first ``tree_depth`` positions after the decided prefix it
 holds ``tree_width`` candidates (the children of every node one level up), then one chain (rank 0) out to the
-window. The candidates of a position are drawn, with no extra forward pass, from the distribution the last pass
+window: after the first candidates' path (``chains='main'``, the official tree) or after every leaf (``'leaves'``,
+vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts). The candidates of a position are drawn, with no extra forward pass, from the distribution the last pass
 computed there (stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that
 distribution with candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
 (:func:`vgen.kernels.tree.tree_verify`: each rejected sibling's proposal mass leaves the residual target before the
