@@ -5,9 +5,10 @@ drawn given the rejected token), and the next pass starts over with one chain. H
 tree instead (:mod:`vgen.kernels.tree`): at each of the first ``tree_depth`` positions after the decided prefix it
 holds ``tree_width`` candidates (the children of every node one level up), then one chain (rank 0) out to the
 window: after the first candidates' path (``chains='main'``, the official tree) or after every leaf (``'leaves'``,
-vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts). The candidates of a position are drawn, with no extra forward pass, from the distribution the last pass
-computed there (stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that
-distribution with candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
+vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts). The
+candidates of a position are drawn, with no extra forward pass, from the distribution the last pass computed there
+(stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that distribution with
+candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
 (:func:`vgen.kernels.tree.tree_verify`: each rejected sibling's proposal mass leaves the residual target before the
 next sibling is tried), which keeps every decided token's distribution the target's.
 
@@ -58,8 +59,8 @@ def pac_paths(window: int, width: int, depth: int, chains: str = "main") -> tupl
 
 
 class PacTables:
-    """A tree's index tables for drafting: each node's column (depth - 1) and rank, the main path's node at every
-    depth, and the node that continues a decided path at every later depth."""
+    """A tree's index tables for drafting: each node's column (depth - 1) and rank, and the node that continues a
+    decided path at every later depth."""
 
     def __init__(self, tree: StaticTree, width: int, depth: int, device):
         paths = tree.paths
@@ -68,7 +69,6 @@ class PacTables:
         self.col = torch.tensor([len(p) - 1 for p in paths], device=device)
         self.rank = torch.tensor([p[-1] for p in paths], device=device)
         main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
-        self.main = torch.tensor(main, device=device)
         self.branched = min(depth, tree.depth_max)  # the columns with ``width`` candidates
         # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
         # descendants while they last, then the main path
@@ -160,9 +160,10 @@ class PacTree(Chain):
         dx = dg + 1  # depth of the old draft at column j
         stale = dg <= J
         g = gather_rows(p, torch.where(stale, cont.gather(1, (dg - 1).clamp_max(J - 1)), 0))  # (B, J, V)
-        # new positions (past this tree): drafts from init after the main path's end, proposals as Jacobi's
+        # new positions (past this tree): drafts from init after the node continuing the decided path at the last
+        # depth, proposals as Jacobi's
         last = n - 1 + J
-        p_last = gather_rows(p, cont[:, J - 1:])[:, 0]  # after the node continuing the decided path
+        p_last = gather_rows(p, cont[:, J - 1:])[:, 0]
         f, fq = fresh_drafts(tokens, last, p_last, fresh_u, init=init, fresh_q=fresh_q, grid=c.grid)
         fj = (dg - J).clamp(0, J)  # column j's index among the new positions (from position n + J)
         base = torch.where(stale[..., None], g, gather_rows(fq, fj))
