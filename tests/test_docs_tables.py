@@ -100,3 +100,21 @@ def test_the_pac_windows_table_takes_the_best_tree_over_sjd_and_scd():
     assert "| `sjd` | `scd` | `scd` coupling=maximal | `pac` 3x2 | `pac` 3x2 leaves |" in out
     assert "| photos-gpt | 32 | 2.00 (0.50) | 2.50 (0.60) | 3.00 (0.60) | 3.20 (0.40) | 3.60 (0.45) | 1.80x | 1.44x |" in out
     assert "AMD EPYC, 2 cores" in out and "32 samples" in out
+
+
+def test_the_quantized_fid_table_puts_each_seed_in_a_column():
+    """``vgen bench +experiment=quantized-fid`` runs at two seeds, int4 in runs of its own: one row per model, a column
+    per seed, FID (KID); every run named with its machine."""
+    rt = renderer()
+    def rep(seed, commit, *cells):
+        return {"command": f"vgen bench +experiment=quantized-fid seed={seed}", "config": {"seed": seed},
+                "date": "2026-11-29", "machine": {"cpu": "AMD EPYC", "cores": 2, "torch": "2.14.1", "vgen_commit": commit},
+                "rows": [{"model": m, "fid_photo": f, "kid_photo": k, "fid_samples": 1024} for m, f, k in cells]}
+    reps = [rep(0, "a1", ("photos-gpt", 57.03, 0.0838), ("photos-gpt@int8", 56.41, 0.0816)),
+            rep(1000, "a1", ("photos-gpt", 55.69, 0.0809)), rep(0, "b2", ("photos-gpt@int4", 55.97, 0.0815))]
+    out = rt.quantized_fid(reps, ["docs/bench/s0.json", "docs/bench/s1000.json", "docs/bench/int4.json"])
+    assert "| model | seed 0 | seed 1000 |" in out and "1024 images" in out
+    assert "| photos-gpt | 57.03 (0.0838) | 55.69 (0.0809) |" in out
+    assert "| photos-gpt@int8 | 56.41 (0.0816) |  |" in out
+    assert "| photos-gpt@int4 | 55.97 (0.0815) |  |" in out
+    assert "- `docs/bench/int4.json`: photos-gpt@int4; AMD EPYC, 2 cores, torch 2.14.1, vgen b2" in out

@@ -443,6 +443,25 @@ def pac_windows(reps: list[dict], files: list[str]) -> str:
     return "\n".join(lines)
 
 
+def quantized_fid(reps: list[dict], files: list[str]) -> str:
+    """``vgen bench +experiment=quantized-fid`` runs (one per seed and set of models): FID-photo and KID per model
+    (a row) and seed (a column), each run named below with its machine and command."""
+    seeds = list(dict.fromkeys(rep["config"]["seed"] for rep in reps))
+    cell = {(r["model"], rep["config"]["seed"]): r for rep in reps for r in rep["rows"]}
+    models = list(dict.fromkeys(r["model"] for rep in reps for r in rep["rows"]))
+    n = {r.get("fid_samples") for rep in reps for r in rep["rows"]}
+    lines = [f"FID-photo (KID) of {', '.join(map(str, sorted(n)))} images of `ar` against photos-test, by seed:", "",
+             "| model | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(
+            f"{cell[m, s]['fid_photo']:.2f} ({cell[m, s]['kid_photo']:.4f})" if (m, s) in cell else "" for s in seeds)
+            + " |")
+    lines.append("")
+    lines += [f"- `{f}`: {', '.join(dict.fromkeys(r['model'] for r in rep['rows']))}; {machine(rep)}, {rep['date']}; "
+              f"`{rep['command']}`" for rep, f in zip(reps, files)]
+    return "\n".join(lines) + "\n"
+
+
 GUIDE = {  # a README row's words: the guarantee (tested: docs/samplers.md) and when to reach for it
     "ar": ("exact (the reference)", "the plain sampler; the baseline below"),
     "sjd": ("exact", "AR's distribution, no extra weights"),
@@ -530,9 +549,9 @@ RENDERERS = {"small-jobs": small_jobs, "bench": bench, "readme": readme, "transf
              "lumina": lumina, "tokens-per-pass": tokens_per_pass, "speculative": speculative, "quantized": quantized,
              "quant-kernels": quant_kernels, "quant-quality": quant_quality, "pass-costs": pass_costs,
              "quantized-load": quantized_load, "gpu-zoo": gpu_zoo, "gpu-shapes": gpu_shapes,
-             "pac-windows": pac_windows}
+             "pac-windows": pac_windows, "quantized-fid": quantized_fid}
 WITH_FILES = ("gpu-zoo", "gpu-shapes", "bench", "readme", "transformers", "lumina", "tokens-per-pass",
-              "pac-windows")  # renderers that read the files' names too
+              "pac-windows", "quantized-fid")  # renderers that read the files' names too
 
 
 def render(name: str, args: list[str]) -> str:
