@@ -99,7 +99,9 @@ def test_the_pac_windows_table_takes_the_best_tree_over_sjd_and_scd():
     out = rt.pac_windows([rep], ["docs/bench/x.json"])
     assert "| `sjd` | `scd` | `scd` coupling=maximal | `pac` 3x2 | `pac` 3x2 leaves |" in out
     assert "| photos-gpt | 32 | 2.00 (0.50) | 2.50 (0.60) | 3.00 (0.60) | 3.20 (0.40) | 3.60 (0.45) | 1.80x | 1.44x |" in out
-    assert "AMD EPYC, 2 cores" in out and "32 samples" in out
+    assert "AMD EPYC, 2 cores" in out and "32 samples" in out and "cells added" not in out
+    rep["commands"] = ["python docs/scripts/pac_windows.py photos-gpt --trees 4x2L --no-baselines (vgen b2)"]
+    assert "(cells added at vgen b2)" in rt.pac_windows([rep], ["docs/bench/x.json"])
 
 
 def test_the_quantized_fid_table_puts_each_seed_in_a_column():

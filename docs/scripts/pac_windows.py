@@ -1,8 +1,10 @@
 """Tokens per pass and the share of one-token passes of sjd, scd (gumbel and maximal coupling) and pac trees at fixed
 windows, N samples in one batch, eager, seeds 0..N-1, the card's example conditions:
-`python docs/scripts/pac_windows.py photos-gpt [--windows 16,32] [--trees 3x2,4x2] [--n 8] [--out FILE.json]`.
-A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``). ``--out`` appends this model's rows
-to FILE.json (rendered by render_tables.py's ``pac-windows``), with the machine and commit."""
+`python docs/scripts/pac_windows.py photos-gpt [--windows 16,32] [--trees 3x2,4x2] [--n 8] [--no-baselines]
+[--out FILE.json]`. A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``). ``--out`` writes
+this run's cells into FILE.json (rendered by render_tables.py's ``pac-windows``; a cell of the same model, window,
+sampler and options is replaced, the others kept), with the machine and commit; ``--no-baselines`` runs the trees
+only (sjd and scd's cells already in FILE.json stay)."""
 import argparse
 import datetime
 import json
@@ -21,12 +23,13 @@ ap.add_argument("--windows", default="16,32")
 ap.add_argument("--trees", default="3x2,4x2")
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--out", default=None)
+ap.add_argument("--no-baselines", action="store_true", help="the trees only (not sjd, scd and scd maximal)")
 a = ap.parse_args()
 if a.out and os.path.exists(a.out) and "samples" not in json.load(open(a.out)):
     sys.exit(f"{a.out} is not a pac_windows.py table (another bench JSON?): name a new file with --out")
 
 pipe = vgen.load_pipeline(a.model)
-runs = [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
+runs = [] if a.no_baselines else [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
 for t in a.trees.split(","):
     width, depth = t.upper().rstrip("L").split("X")
     runs.append(("pac", {"tree_width": int(width), "tree_depth": int(depth),
@@ -50,8 +53,11 @@ if a.out:
     if rep["samples"] != a.n:
         sys.exit(f"{a.out} holds {rep['samples']} samples per cell, this run {a.n}: use --n {rep['samples']} or "
                  "another --out")
-    rep["rows"] = [r for r in rep["rows"] if r["model"] != a.model] + rows
-    rep.setdefault("commands", []).append("python docs/scripts/pac_windows.py " + " ".join(sys.argv[1:]))
+    key = lambda r: (r["model"], r["window"], r["sampler"], json.dumps(r["options"], sort_keys=True))  # noqa: E731
+    new = {key(r) for r in rows}
+    rep["rows"] = [r for r in rep["rows"] if key(r) not in new] + rows
+    rep.setdefault("commands", []).append("python docs/scripts/pac_windows.py " + " ".join(sys.argv[1:])
+                                          + f" (vgen {machine()['vgen_commit']})")
     tmp = a.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(rep, f, indent=1)

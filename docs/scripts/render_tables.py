@@ -428,7 +428,10 @@ def pac_windows(reps: list[dict], files: list[str]) -> str:
     lines = []
     for rep, f in zip(reps, files):
         labels = list(dict.fromkeys(_pac_label(r) for r in rep["rows"]))
-        lines += [f"{machine(rep)}, {rep['date']}; {rep['samples']} samples in one batch per cell, eager (`{f}`); "
+        later = [c for c in dict.fromkeys(m for cmd in rep.get("commands", []) for m in re.findall(r"\(vgen (\w+)\)$", cmd))
+                 if c != rep["machine"].get("vgen_commit")]  # commands that added cells name their commit
+        lines += [f"{machine(rep)}, {rep['date']}" + (f" (cells added at vgen {', '.join(later)})" if later else "")
+                  + f"; {rep['samples']} samples in one batch per cell, eager (`{f}`); "
                   "tokens per pass (share of passes deciding one token):", "",
                   "| model | window | " + " | ".join(labels) + " | best `pac` / `sjd` | / `scd` |",
                   "|---|---|" + "---|" * (len(labels) + 2)]
