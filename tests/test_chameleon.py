@@ -65,7 +65,7 @@ def test_vqgan_decoder_reproduces_the_official_code(official, tmp_path):
 
 
 GREEDY = [("ar", {}), ("sjd", {"window": 4}), ("scd", {"window": 4}), ("gsd", {"window": 4}),
-          ("lantern", {"window": 4}), ("zipar", {"window": 6}), ("eagle", {"window": 3})]
+          ("lantern", {"window": 4}), ("zipar", {"window": 6}), ("pjd", {"lag": 6}), ("eagle", {"window": 3})]
 
 
 @pytest.mark.parametrize("cfg", [1, 3])

@@ -12,7 +12,7 @@ from vgen.pipeline import load_pipeline
 PROMPTS = ["a photo of the moon", "a dark close-up of the left part of the cat in black and white , mirrored",
            "cat", "a warm photo of the coffee"]
 SAMPLERS = [("ar", {}), ("sjd", {"window": 4}), ("scd", {"window": 4}), ("gsd", {"window": 4}),
-            ("lantern", {"window": 4}), ("zipar", {})]
+            ("lantern", {"window": 4}), ("zipar", {}), ("pjd", {"lag": 2, "window": 3})]
 
 
 def test_prompts_generate_images_and_are_recorded(tiny_t2i_pipeline):

@@ -89,7 +89,7 @@ def test_emu3_logits_equal_its_own_forward_with_row_ends(chunk):
 
 
 SAMPLERS = [("ar", {}), ("sjd", {"window": 4}), ("scd", {"window": 4}), ("gsd", {"window": 4}),
-            ("lantern", {"window": 4}), ("zipar", {})]
+            ("lantern", {"window": 4}), ("zipar", {}), ("pjd", {"lag": 4})]  # pjd at lag = the width: exact
 
 
 @pytest.mark.parametrize("name,opts", SAMPLERS)
@@ -542,6 +542,8 @@ def test_photos_emu3_zoo_model_has_structure():
     assert g.pixels.shape == (2, 3, 64, 64) and g.stats["accepted_per_step"] > 1.4
     z = pipe.generate(prompts=prompts, sampler="zipar", seed=0)
     assert z.stats["accepted_per_step"] > 3.0
+    p = pipe.generate(prompts=prompts, sampler="pjd", seed=0, score=True)  # stand-ins at row ends: forced row ends
+    assert p.stats["accepted_per_step"] > 3.0 and p.stats["nll"] > 0
     e = pipe.generate(prompts=prompts, sampler="eagle", seed=0, window=4)  # the draft head the zoo ships
     assert e.stats["accepted_per_step"] > 1.9
     dark = g.pixels[1].float().mean()

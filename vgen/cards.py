@@ -344,7 +344,7 @@ class Card:
         if draft == "self":
             if self.model_kind == "transformers":
                 raise VGenError(f"draft={draft}{'@' + mode if mode else ''}: transformers pipelines take no draft "
-                                "model; use eagle (a draft head), sjd, scd, gsd, lantern or zipar")
+                                "model; use eagle (a draft head), sjd, scd, gsd, lantern, zipar or pjd")
             return self
         dcard = Card.load(draft)
         self.spec.check_draft(dcard.spec, f"draft {draft!r}")

@@ -212,7 +212,7 @@ class TransformersPipeline:
         loaded once and kept, checked against this model."""
         if sampler.draft_kind != "head":
             raise VGenError(f"sampler {sampler.name!r} needs a draft model, which transformers pipelines do not take: "
-                            "use eagle (a draft head), sjd, scd, gsd, lantern or zipar")
+                            "use eagle (a draft head), sjd, scd, gsd, lantern, zipar or pjd")
         from vgen.models.drafter import head_for
         given = sampler.options.drafter
         if self.card is not None:

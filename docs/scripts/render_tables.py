@@ -476,6 +476,8 @@ GUIDE = {  # a README row's words: the guarantee (tested: docs/samplers.md) and 
     "eagle": ("exact (block verification)", "a GPT with a trained draft head (photos-gpt ships one)"),
     "eagle:accept=lantern": ("bounded drift (`delta` 0.2)", "the most speed from a draft head"),
     "zipar": ("drift (reported, no bound)", "speed from any AR model, training-free"),
+    "pjd": ("drift (reported, no bound; `lag` = the width: exact)", "zipar's rows with a Jacobi window each: fewer "
+            "passes than zipar at the same `lag`"),
     "nar": ("exact for its model", "a next-neighbour model (NAR)"),
     "var": ("exact", "a next-scale model (VAR): one pass per scale"),
 }

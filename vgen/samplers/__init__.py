@@ -10,6 +10,7 @@ from vgen.samplers import (  # noqa: F401,E501  (register every sampler)
                                 mar,
                                 nar,
                                 pac,
+                                pjd,
                                 scd,
                                 sjd,
                                 sps,

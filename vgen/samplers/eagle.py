@@ -109,7 +109,7 @@ class EagleSampler(SpeculativeSampler):
     def check_draft(self, model, draft):
         if not satisfies(model, FeatureModel):
             raise VGenError(f"sampler 'eagle' reads the target's hidden states and {type(model).__name__} does not "
-                            "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern or zipar")
+                            "expose them (vgen.interfaces.FeatureModel): use sjd, scd, gsd, lantern, zipar or pjd")
         if self.options.tree and self.options.children == "top":
             wide = max(Counter(p[:-1] for p in parse_tree(self.options.tree)).values())  # most children of a node
             if wide > model.vocab_size:

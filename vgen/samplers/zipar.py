@@ -18,8 +18,8 @@ and it decodes the whole first row before row 1 starts (W - window more passes),
 
 It changes the distribution (a token is drawn before the end of the row above it is known): drift is reported
 as nll against AR's, FID-photo in docs/lab/benchmarks-log.md. Token i of sample j draws with uniform u[j, i] from seed
-j, as in AR, so a sample is the same in any batch. Not composed with the speculative samplers (each row could
-run its own Jacobi window, verified against ZipAR's conditionals: not built).
+j, as in AR, so a sample is the same in any batch. Each row running its own Jacobi window, verified against ZipAR's
+conditionals: :mod:`vgen.samplers.pjd`.
 """
 from __future__ import annotations
 
@@ -126,6 +126,22 @@ def _plan_tables(rows: int, width: int, window: int, device: torch.device):
     return tuple(x.to(device) for x in (schedule(rows, width, window), *plan(rows, width, window)))
 
 
+def score_under_ar(model, cache, tokens: torch.Tensor, first_logp: torch.Tensor, cfg: bool, o: SamplingOptions) -> float:
+    """The plain AR model's nll of ``tokens`` (B, L) (a sampler that changes the distribution reports its drift with
+    it): one teacher-forced pass over ``cache``, whose condition slots the sampler's prefill filled; token 0's
+    log-probability ``first_logp`` (B, 1) is the prefill's, unchanged."""
+    B, L = tokens.shape
+    dev = tokens.device
+    cache.limit(None)
+    cache.write_at(None)
+    x = torch.cat([tokens[:, :-1], tokens[:, :-1]]) if cfg else tokens[:, :-1]
+    logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + L - 1, device=dev), cache)
+    index = torch.arange(1, L, device=dev).expand(B, -1)
+    probs = window_target(logits, index, cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k, o.top_p)
+    lp = probs.gather(-1, tokens[:, 1:, None]).squeeze(-1).clamp_min(1e-30).log()
+    return float(-torch.cat([first_logp, lp], 1).mean())
+
+
 @register_sampler
 class ZipARSampler(Sampler):
     name = "zipar"
@@ -165,13 +181,7 @@ class ZipARSampler(Sampler):
         tokens, smap = tokens.clone(), smap.clone()  # the caller's own (the buffers go to the next run)
         stats = {"forward_passes": n, "tokens": B * L, "kv_cache_bytes": cache.nbytes, "accepted_per_step": L / n,
                  "step_map": smap}
-        if o.score:  # AR's log-probabilities of these tokens: token 0's from the prefill (unchanged), the rest here
-            cache.limit(None)
-            x = torch.cat([tokens[:, :-1], tokens[:, :-1]]) if cfg else tokens[:, :-1]
-            logits = model.decode(x, torch.arange(model.cond_len, model.cond_len + L - 1, device=dev), cache)
-            index = torch.arange(1, L, device=dev).expand(B, -1)
-            probs = window_target(logits, index, cfg, o.cfg_scale, o.cfg_interval, o.temperature, o.top_k, o.top_p)
-            lp = probs.gather(-1, tokens[:, 1:, None]).squeeze(-1).clamp_min(1e-30).log()
-            stats["nll"] = float(-torch.cat([logp[:, :1], lp], 1).mean())
+        if o.score:
+            stats["nll"] = score_under_ar(model, cache, tokens, logp[:, :1], cfg, o)
         stats["seconds"] = time.perf_counter() - t0
         return tokens, stats

@@ -3,7 +3,7 @@ Chameleon weights as Lumina-mGPT and Anole).
 
 ``from_transformers(hf_model, height=None, width=None)`` wraps a loaded transformers model in
 :class:`TransformersModel`, a :class:`vgen.interfaces.NextTokenModel` every vgen token sampler drives (``ar``, ``sjd``,
-``scd``, ``gsd``, ``lantern``, ``zipar``). Nothing is copied or converted: the adapter calls the model's own decoder
+``scd``, ``gsd``, ``lantern``, ``zipar``, ``pjd``). Nothing is copied or converted: the adapter calls the model's own decoder
 (``LlamaModel`` inside Janus, ``Emu3TextModel`` inside Emu3) with what speculative samplers need and transformers'
 ``generate`` never asks for:
 
