@@ -70,9 +70,10 @@ def v4_gpt():
     return m.eval()
 
 
-@pytest.mark.parametrize("lag,window,rows", [(1, 2, 4), (2, 3, 2), (2, 1, 3), (3, 4, 2), (4, 3, 1)])
-def test_each_token_sees_what_pjd_defines(v4_gpt, lag, window, rows):
-    o = PJDOptions(lag=lag, window=window, rows=rows, cfg_scale=2.0, top_k=3, compile=False)
+@pytest.mark.parametrize("lag,window,rows,follow", [(1, 2, 4, True), (2, 3, 2, True), (2, 1, 3, True), (3, 4, 2, True),
+                                                   (4, 3, 1, True), (2, 3, 3, False)])
+def test_each_token_sees_what_pjd_defines(v4_gpt, lag, window, rows, follow):
+    o = PJDOptions(lag=lag, window=window, rows=rows, follow=follow, cfg_scale=2.0, top_k=3, compile=False)
     o.validate()
     cond, seeds = torch.tensor([0, 3, 1, 2]), [5, 6, 7, 8]
     with torch.inference_mode():

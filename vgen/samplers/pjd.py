@@ -1,7 +1,8 @@
 """PJD (Parallel Jacobi Decoding, Liao et al., CVPR 2026): ZipAR's row fronts, each running a Jacobi window.
 
 Rows start as in ZipAR (:mod:`vgen.samplers.zipar`): row r + 1 starts once row r has ``lag`` tokens decided, and
-decides its token c only once row r has c + lag (``lag`` = the grid's width: one row after another). Up to ``rows``
+decides its token c only once row r has c + lag (``lag`` = the grid's width: one row after another; ``follow=false``
+drops this second rule: a started row runs at its own pace). Up to ``rows``
 rows run in one forward pass. Each running row feeds its newest decided token and ``window - 1`` drafts after it,
 and checks them left to right with speculative sampling's rule against the target this pass computes there (a =
 min(1, p(x) / q(x)); at the first rejection a token from norm(max(0, p - q)); after the last checked draft a bonus
@@ -51,6 +52,8 @@ class PJDOptions(SamplingOptions):
     window: int = option(4, "tokens each running row feeds per pass: its newest decided token and window - 1 "
                          "drafts (1: one token per row and pass)")
     rows: int = option(4, "rows that run in one forward pass at most (each pass feeds rows x window tokens)")
+    follow: bool = option(True, "a row stays lag tokens behind the row above (ZipAR's invariant); false: only its "
+                          "start waits for lag tokens, then it runs at its own pace (fewer passes, more drift)")
     score: bool = option(False, "after sampling, score the tokens under the plain AR model (one teacher-forced pass, "
                          "timed with the rest): stats then hold nll, comparable with AR's (the drift measure)")
 
@@ -82,7 +85,7 @@ class PJDState(NamedTuple):
 
 
 def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int, W: int, w: int, K: int, lag: int,
-             cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float) -> None:
+             follow: bool, cfg: bool, cfg_scale: float, cfg_interval: int, temperature: float, top_k: int, top_p: float) -> None:
     """One pass, in place: advance the pass counter ``t`` (a 0-d tensor), feed every running row's window (up to
     ``K`` rows of ``w`` tokens per sample, the rows from the lowest one not finished), verify, write the decided
     tokens and the next drafts over ``s``. ``u`` (B, passes, K * (2w - 1)): each sample's uniforms."""
@@ -105,7 +108,8 @@ def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int
     up = (rc - 1).clamp_min(0)
     n_up = n.gather(1, up)
     up_complete = (rc == 0) | (n_up == W)
-    limit = torch.where(up_complete, W, (n_up - lag + 1).clamp(max=W))
+    free = up_complete | (nb > 0) if not follow else up_complete
+    limit = torch.where(free, W, (n_up - lag + 1).clamp(max=W))
     m = limit - nb  # tokens the row may decide in this pass
     run = real & (nb < W) & (m >= 1)
     flush = real & (nb == W) & ~done.gather(1, rc)  # a complete row whose last token no pass has fed yet
@@ -143,11 +147,11 @@ def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int
     p_key = slots - C  # a real key's raster position
     qv, qp = valid.flatten(1), qpos.flatten(1)
     start = (base + standin.long())[..., None].expand(B, K, w).flatten(1)  # the first real slot the row feeds now
-    fed_before = torch.nn.functional.pad(s.fed[:, :L] >= 0, (C, cache.max_len - C - L))  # over the cache's slots
+    fed_before = F.pad(s.fed[:, :L] >= 0, (C, cache.max_len - C - L))  # over the cache's slots
     key_real = (p_key >= 0) & (p_key < L)
     # decided before this pass and fed now (rows' newest tokens, flushed last tokens): seen by every later query
     now = torch.where(((run & ~standin) | flush)[..., None] & (j == 0), qpos, L).flatten(1)
-    now = torch.nn.functional.pad(torch.zeros_like(s.has).scatter_(1, now, True)[:, :L], (C, cache.max_len - C - L))
+    now = F.pad(torch.zeros_like(s.has).scatter_(1, now, True)[:, :L], (C, cache.max_len - C - L))
     see = (((fed_before | now)[:, None, :] & (p_key < qp[..., None]))
            | ((p_key >= start[..., None]) & (p_key <= qp[..., None])))
     see = see & key_real & qv[..., None]
@@ -186,7 +190,7 @@ def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int
     # row's last token
     kept = ((run[..., None] & (j <= k[..., None]) & ~(standin[..., None] & (j == 0))) | (flush[..., None] & (j == 0)))
     fed = s.fed.scatter(1, torch.where(kept, qpos, L).flatten(1), t.expand(B, K * w))
-    nn_ = n.scatter_add(1, torch.where(run, rc, R), torch.where(run, k + 1, 0))
+    n_new = n.scatter_add(1, torch.where(run, rc, R), torch.where(run, k + 1, 0))
     # the next drafts: fresh draws from this pass's targets after the newest decided token, where it computed one
     jj = torch.arange(w - 1, device=dev)
     src_j = k[..., None] + 1 + jj  # the query whose output drafts position base + 2 + k + jj
@@ -199,7 +203,7 @@ def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int
     new_tokens = new_tokens.scatter(1, torch.where(have, npos, L).flatten(1), draw.flatten(1))
     s.q.scatter_(1, torch.where(have, npos, L).flatten(1)[..., None].expand(-1, -1, V), ps.flatten(1, 2))  # in place
     has = s.has.scatter(1, wpos, have.flatten(1))
-    for dst, val in zip(s, (new_tokens, s.q, has, nn_, fed, logp, smap)):
+    for dst, val in zip(s, (new_tokens, s.q, has, n_new, fed, logp, smap)):
         if dst is not val:
             dst.copy_(val)
 
@@ -229,7 +233,7 @@ def decode_rows(model, cond: torch.Tensor, seeds: list[int], o: PJDOptions, prog
     s.tokens[:, :1], s.logp[:, :1] = tok, lp
     s.n[:, 0] = 1
     step = compiled(pjd_step, device=dev.type) if o.compile else pjd_step
-    kw = dict(R=R, W=W, w=w, K=K, lag=o.lag, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
+    kw = dict(R=R, W=W, w=w, K=K, lag=o.lag, follow=o.follow, cfg=cfg, cfg_scale=o.cfg_scale, cfg_interval=o.cfg_interval,
               temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
     counter = torch.zeros((), dtype=torch.long, device=dev)
     passes = torch.zeros(B, dtype=torch.long, device=dev)
