@@ -53,3 +53,18 @@ def test_a_broken_experiment_setting_is_caught():
     cfg = compose("bench", ["+experiment=readme", "samplers=[ar,'sjd:windw=4']"])
     with pytest.raises(VGenError, match="windw"):
         plan(cfg)
+
+
+def test_bench_names_the_commit_it_started_from():
+    """A bench JSON names the commit the run started from, marked +dirty where the package differs from it; read
+    once, so a commit made during a long run does not relabel it."""
+    import re
+    import subprocess
+
+    from vgen.eval.bench.measuring import code_version
+    here = Path(__file__).parent
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    first = code_version()
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+dirty)?", first)
+    assert code_version() is code_version()  # cached: the run's start

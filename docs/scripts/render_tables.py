@@ -327,7 +327,8 @@ def _vs_fastest(rows: list[dict], row: dict, interval: bool = True) -> str:
     return f"{paired.get('speedup_vs_ar_paired', base['seconds'] / row['seconds']):.2f}"
 
 
-EXTRA = [("FID-photo", "fid_photo", "{:.2f}"), ("FVD-photo", "fvd_photo", "{:.1f}"),
+EXTRA = [("nll - AR's (drift)", "nll_excess", "{:+.3f}"), ("FID-photo", "fid_photo", "{:.2f}"),
+         ("FVD-photo", "fvd_photo", "{:.1f}"),
          ("peak KV vs ref", "kv_vs_ref", "{:.1%}"), ("PSNR vs ref (dB)", "psnr_vs_ref", "{:.2f}"),
          ("FID-photo vs ref", "fid_vs_ref", "{:.2f}"), ("x ref", "speedup_vs_ref", "{:.2f}"),
          ("x official loop", "speedup_vs_llamagen-loop", "{:.2f}")]

@@ -4,9 +4,11 @@ columns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
 import time
+from pathlib import Path
 
 import torch
 
@@ -64,6 +66,23 @@ class RssPeak:
             self.cuda_peak = torch.cuda.max_memory_allocated() / 2 ** 20
 
 
+@functools.lru_cache(maxsize=1)
+def code_version() -> str | None:
+    """vgen's commit (where it runs from a git checkout), read once: the bench calls it when it starts, so a commit
+    made while a long run goes on is not the one its JSON names. ``+dirty`` where the package's tracked files differ
+    from that commit (what ran is then not exactly a commit)."""
+    import subprocess
+    here = Path(__file__).parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                                cwd=here).stdout.strip() or None
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", str(here.parents[1])],
+                                 capture_output=True, text=True, timeout=5, cwd=here).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{commit}+dirty" if commit and changed else commit
+
+
 def run(p: Plan) -> tuple[dict, dict]:
     """Time every cell: one untimed warm-up each (compilation), then ``repeats`` rounds over all cells, so machine
     noise hits them alike, in turn forward and backward (a cell's place in a round, e.g. right after a compiled
@@ -71,6 +90,7 @@ def run(p: Plan) -> tuple[dict, dict]:
     from tqdm.auto import tqdm
 
     from vgen.pipeline import pipeline_for
+    code_version()  # the commit this run starts from (the JSON names it, whatever is committed meanwhile)
     from vgen.samplers.speculative.widths import time_any_job
     cfg = p.cfg
     from vgen.eval.bench.planning import model_quantize

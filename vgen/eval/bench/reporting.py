@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from vgen.eval.bench.measuring import peak_rss_mb
+from vgen.eval.bench.measuring import code_version, peak_rss_mb
 from vgen.eval.bench.planning import BASELINE, Plan, parse_variant
 
 
@@ -65,20 +65,15 @@ def report(p: Plan, measured: dict, quality: dict) -> dict:
 def machine() -> dict:
     """What a bench JSON records of the machine and code that measured it: the CPU's model name, cores and the vector
     instructions PyTorch runs on it (``cpu_capability``: AVX2, AVX512, ...; two machines of one model name can
-    differ), the GPU's name where CUDA is up, threads, torch, TF32, and vgen's commit (where it runs from a git
-    checkout)."""
-    import subprocess
+    differ), the GPU's name where CUDA is up, threads, torch, TF32, and vgen's commit at the run's start
+    (:func:`code_version`)."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).parent).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit = code_version()
     return {"platform": platform.platform(), "processor": platform.processor(), "cpu": cpu, "cores": os.cpu_count(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
