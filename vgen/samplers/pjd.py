@@ -39,14 +39,14 @@ from vgen.interfaces import ModelSpec
 from vgen.kernels.decode import compiled, token_step
 from vgen.kernels.sampling import per_sample_uniforms, sample_from_probs
 from vgen.kernels.verify import verify, window_target
-from vgen.samplers.base import Sampler, SamplingOptions, option, register_sampler
+from vgen.samplers.base import Sampler, option, register_sampler
 from vgen.samplers.speculative.rules import TokenRule
 from vgen.samplers.speculative.scheduler import pass_histogram
-from vgen.samplers.zipar import score_under_ar
+from vgen.samplers.zipar import RowOptions, score_under_ar
 
 
 @dataclass
-class PJDOptions(SamplingOptions):
+class PJDOptions(RowOptions):
     lag: int = option(4, "a row starts once the row above has this many tokens decided, and stays this many behind "
                       "it (ZipAR's window; the grid's width: one row after another, exact)")
     window: int = option(4, "tokens each running row feeds per pass: its newest decided token and window - 1 "
@@ -54,15 +54,11 @@ class PJDOptions(SamplingOptions):
     rows: int = option(4, "rows that run in one forward pass at most (each pass feeds rows x window tokens)")
     follow: bool = option(True, "a row stays lag tokens behind the row above (ZipAR's invariant); false: only its "
                           "start waits for lag tokens, then it runs at its own pace (fewer passes, more drift)")
-    score: bool = option(False, "after sampling, score the tokens under the plain AR model (one teacher-forced pass, "
-                         "timed with the rest): stats then hold nll, comparable with AR's (the drift measure)")
 
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
-        width = spec.token_shape[-1] if spec is not None and spec.token_shape else None
-        if self.lag < 1 or (width is not None and self.lag > width):
-            raise VGenError(f"lag must be in 1..{width or 'the grid width'} (tokens of the row above decided before "
-                            f"a row starts; the width is one row after another), got {self.lag}")
+        self.check_lag("lag", self.lag, spec)
+        width = self.grid_width(spec)
         if width is not None and not 1 <= self.window <= width:
             raise VGenError(f"window must be in 1..{width} (tokens a row feeds per pass, within its row), got "
                             f"{self.window}")

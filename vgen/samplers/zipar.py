@@ -40,18 +40,33 @@ from vgen.samplers.base import Sampler, SamplingOptions, option, register_sample
 
 
 @dataclass
-class ZipAROptions(SamplingOptions):
-    window: int = option(4, "a row starts once the row above has this many tokens decided (the grid's width = "
-                         "plain AR; smaller = fewer passes, more drift)")
+class RowOptions(SamplingOptions):
+    """Options of the samplers that run several rows per pass (``zipar``, ``pjd``): their drift, scored under AR."""
     score: bool = option(False, "after sampling, score the tokens under the plain AR model (one teacher-forced pass, "
                          "timed with the rest): stats then hold nll, comparable with AR's (the drift measure)")
 
+    @staticmethod
+    def grid_width(spec: ModelSpec | None) -> int | None:
+        """The model's row width (None: no model given yet)."""
+        return spec.token_shape[-1] if spec is not None and spec.token_shape else None
+
+    def check_lag(self, name: str, value: int, spec: ModelSpec | None) -> None:
+        """``value`` (zipar's ``window``, pjd's ``lag``): tokens of the row above decided before a row starts, 1..the
+        width (the width: one row after another, AR's order)."""
+        width = self.grid_width(spec)
+        if value < 1 or (width is not None and value > width):
+            raise VGenError(f"{name} must be in 1..{width or 'the grid width'} (tokens of the row above decided "
+                            f"before a row starts; the width is AR's order), got {value}")
+
+
+@dataclass
+class ZipAROptions(RowOptions):
+    window: int = option(4, "a row starts once the row above has this many tokens decided (the grid's width = "
+                         "plain AR; smaller = fewer passes, more drift)")
+
     def validate(self, spec: ModelSpec | None = None) -> None:
         super().validate(spec)
-        width = spec.token_shape[-1] if spec is not None and spec.token_shape else None
-        if self.window < 1 or (width is not None and self.window > width):
-            raise VGenError(f"window must be in 1..{width or 'the grid width'} (tokens of the row above decided "
-                            f"before a row starts; the width is plain AR), got {self.window}")
+        self.check_lag("window", self.window, spec)
 
 
 def schedule(rows: int, width: int, window: int) -> torch.Tensor:
