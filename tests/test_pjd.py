@@ -87,6 +87,25 @@ def test_each_token_sees_what_pjd_defines(v4_gpt, lag, window, rows, follow):
         assert after > 0  # and a draft fed after a stand-in was kept here: it did not see the stand-in
 
 
+@pytest.mark.parametrize("lag,window,rows", [(1, 2, 4), (2, 3, 3), (3, 4, 2)])
+def test_a_token_sees_lag_columns_ahead_in_the_row_above(v4_gpt, lag, window, rows):
+    """ZipAR's context: token (r, c) is drawn seeing at least c + lag tokens of row r - 1 (all of it where c + lag >=
+    the width), though several tokens of a row may be decided in one pass."""
+    o = PJDOptions(lag=lag, window=window, rows=rows, cfg_scale=2.0, top_k=3, compile=False)
+    o.validate()
+    with torch.inference_mode():
+        s, passes, _ = decode_rows(v4_gpt, torch.tensor([0, 3, 1, 2]), [5, 6, 7, 8], o)
+    W = 4
+    for b in range(4):
+        F, P = s.fed[b, :16], s.smap[b, :16]
+        for i in range(W, 16):
+            r, c, t = i // W, i % W, int(P[i])
+            above = range((r - 1) * W, r * W)
+            seen = sum(1 for k in above if F[k] >= 0 and (F[k] < t or (F[k] == t and P[k] < t)))
+            assert seen >= min(c + lag, W), (b, i, seen)
+        assert float(passes[b]) < 16  # several tokens per pass
+
+
 @pytest.fixture(scope="module")
 def micro3_gpt():
     """vocab 2 on a 3 x 3 grid (512 images, enumerable): rows wide enough for Jacobi redraws inside a row."""
