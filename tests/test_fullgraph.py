@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import vgen.samplers.ar
+import vgen.samplers.pjd
 import vgen.samplers.speculative.scheduler
 import vgen.samplers.zipar
 from vgen.samplers import sample
@@ -24,6 +25,7 @@ CASES = [
     ("ar", vgen.samplers.ar, {}),
     ("ar", vgen.samplers.ar, dict(draw="gumbel")),
     ("zipar", vgen.samplers.zipar, dict(window=2)),
+    ("pjd", vgen.samplers.pjd, dict(lag=2, window=3, rows=3)),
     ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, init="vertical")),
     ("scd", vgen.samplers.speculative.scheduler, dict(window=4)),
     ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, coupling="maximal")),

@@ -166,7 +166,7 @@ def pjd_step(model, cache, s: PJDState, u: torch.Tensor, t: torch.Tensor, R: int
 
     # verify every row's drafts (rows as the batch of the verification core)
     BK = B * K
-    uu = u[:, (t - 1).clamp_max(u.shape[1] - 1)]  # (B, K * (2w - 1)) this pass's uniforms
+    uu = u.index_select(1, (t - 1).clamp_max(u.shape[1] - 1).view(1))[:, 0]  # (B, K * (2w - 1)): a tensor index, no host read
     ua, ur, ud = uu.view(B, K, 2 * w - 1).split([w - 1, 1, w - 1], dim=-1)
     pr = p.view(BK, w, V)
     xd = x[..., 1:].reshape(BK, w - 1)
