@@ -262,6 +262,6 @@ class PJDSampler(Sampler):
                  "accepted_per_step": float((L / (passes + 1).double()).mean()), "step_map": smap,
                  "pass_histogram": pass_histogram(smap.sort(1).values, width)}
         if o.score:
-            stats["nll"] = score_under_ar(model, cache, tokens, s.logp[:, :1], o.guided, o)
+            stats["nll"] = score_under_ar(model, cache, tokens, s.logp[:, :1], o)
         stats["seconds"] = time.perf_counter() - t0
         return tokens, stats

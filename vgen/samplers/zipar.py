@@ -141,12 +141,12 @@ def _plan_tables(rows: int, width: int, window: int, device: torch.device):
     return tuple(x.to(device) for x in (schedule(rows, width, window), *plan(rows, width, window)))
 
 
-def score_under_ar(model, cache, tokens: torch.Tensor, first_logp: torch.Tensor, cfg: bool, o: SamplingOptions) -> float:
+def score_under_ar(model, cache, tokens: torch.Tensor, first_logp: torch.Tensor, o: SamplingOptions) -> float:
     """The plain AR model's nll of ``tokens`` (B, L) (a sampler that changes the distribution reports its drift with
     it): one teacher-forced pass over ``cache``, whose condition slots the sampler's prefill filled; token 0's
     log-probability ``first_logp`` (B, 1) is the prefill's, unchanged."""
     B, L = tokens.shape
-    dev = tokens.device
+    dev, cfg = tokens.device, o.guided
     cache.limit(None)
     cache.write_at(None)
     x = torch.cat([tokens[:, :-1], tokens[:, :-1]]) if cfg else tokens[:, :-1]
@@ -197,6 +197,6 @@ class ZipARSampler(Sampler):
         stats = {"forward_passes": n, "tokens": B * L, "kv_cache_bytes": cache.nbytes, "accepted_per_step": L / n,
                  "step_map": smap}
         if o.score:
-            stats["nll"] = score_under_ar(model, cache, tokens, logp[:, :1], cfg, o)
+            stats["nll"] = score_under_ar(model, cache, tokens, logp[:, :1], o)
         stats["seconds"] = time.perf_counter() - t0
         return tokens, stats

@@ -90,8 +90,8 @@ def run(p: Plan) -> tuple[dict, dict]:
     from tqdm.auto import tqdm
 
     from vgen.pipeline import pipeline_for
-    code_version()  # the commit this run starts from (the JSON names it, whatever is committed meanwhile)
     from vgen.samplers.speculative.widths import time_any_job
+    code_version()  # the commit this run starts from (the JSON names it, whatever is committed meanwhile)
     cfg = p.cfg
     from vgen.eval.bench.planning import model_quantize
     pipes = {m: pipeline_for(p.cards[m], device=cfg.device, dtype=cfg.get("dtype"),
