@@ -105,3 +105,26 @@ def test_window_auto_times_the_narrower_trees_and_runs_the_chosen_one(tiny_gpt, 
     fixed, st_fixed = sample(tiny_gpt, [0, 1], "pac", seed=2, **{**kw, "window": 3, "tree_width": 2, "tree_depth": 1})
     assert torch.equal(narrow, fixed) and st["tree"] == st_fixed["tree"] == "2x1" and st["window"] == 3
     assert st["window_rule"] == "cached" and st["forward_passes"] == st_fixed["forward_passes"]
+
+
+def test_each_candidate_follows_the_proposal_it_is_verified_with():
+    """The verification is exact only if each node's token follows the proposal handed to it: averaged over draws,
+    a node's token frequencies equal its proposals' mean (siblings drawn without replacement: rank r's proposal
+    depends on ranks 0..r-1), a token with no mass is never a candidate, and siblings never repeat."""
+    from vgen.kernels.tree import static_tree
+    from vgen.samplers.speculative.pac import PacTables, candidates
+    torch.manual_seed(0)
+    t = PacTables(static_tree(pac_paths(4, 3, 2), "cpu"), 3, 2, "cpu")
+    B, V, J = 40_000, 5, t.columns
+    base = torch.softmax(2 * torch.randn(1, J, V), -1) * (torch.arange(V) != 4)  # token 4: no mass
+    base = (base / base.sum(-1, keepdim=True)).expand(B, J, V)
+    rank0 = torch.multinomial(base[0], B, replacement=True).T  # (B, J): rank 0 follows base
+    toks, props = candidates(base, rank0, torch.rand(B, (t.width - 1) * t.branched), t)
+    freq = torch.nn.functional.one_hot(toks, V).float().mean(0)  # (N, V)
+    assert (freq - props.mean(0)).abs().max() < 0.01  # 40k draws: a frequency's standard error is under 0.0025
+    assert freq[:, 4].sum() == 0
+    parent, rank = t.tree.parent[1:].tolist(), t.rank.tolist()
+    for a in range(len(rank)):
+        for b in range(a):
+            if parent[a] == parent[b]:  # siblings
+                assert (toks[:, a] != toks[:, b]).all()
