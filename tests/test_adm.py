@@ -124,6 +124,7 @@ def test_inception_score_is_the_evaluators():
 
 
 # ------------------------------------------------------------------------------------------------------- features
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_inception_spatial_features_are_mixed_6d_branch1x1_first_7_channels_nhwc(inception):
     from vgen.eval.adm import features
     from vgen.eval.extractors import build_inception

@@ -2,6 +2,7 @@
 with the official code (Alpha-VLLM/Lumina-mGPT's logits processors and Meta's VQGAN, tests/fixtures/README.md),
 Anole's layout, logits equal to the model's own forward, the lossless samplers exact, padding and the image's
 opening changing nothing, and bad input refused before any forward pass."""
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -21,7 +22,9 @@ from vgen.errors import VGenError
 from vgen.models import from_transformers
 from vgen.models.hf import shapes
 
-transformers = pytest.importorskip("transformers")
+# transformers is imported by the tests that use it, not at collection (about 9 s, paid by each test worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed")
 FIXTURE = Path(__file__).parent / "fixtures" / "lumina_tiny"
 LUMINA = "ChameleonXLLMXForConditionalGeneration"
 
@@ -29,6 +32,7 @@ LUMINA = "ChameleonXLLMXForConditionalGeneration"
 @pytest.fixture(scope="module")
 def official():
     io = torch.load(FIXTURE / "io.pt", weights_only=True)
+    import transformers
     m = transformers.ChameleonForConditionalGeneration.from_pretrained(FIXTURE / "model", dtype=torch.float32).eval()
     return m, io
 
@@ -108,6 +112,7 @@ def test_lumina_pipeline_from_its_folder_decodes_as_the_official_code(official, 
     with pytest.raises(VGenError, match="has no processor"):
         pipe.generate(prompts=["a photo of the cat"])
     # with a tokenizer in the folder: Lumina-mGPT's request template, BOS first, the opening appended by the adapter
+    import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
     words = ["<unk>", "a", "photo", "of", "the", "cat", "Generate", "an", "image", "according", "to", "following"]
     tk = Tokenizer(models.WordLevel({**{w: 20 + i for i, w in enumerate(words)}, "<reserved08706>": 8710},

@@ -98,6 +98,7 @@ ZOO_PIPELINES = ["photos-car", "photos-car-draft", "photos-gpt", "photos-mar", "
                  "photos-video-gpt", "photos-video-nar"]
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_the_model_group_is_the_zoo():
     """The ``model`` config group is generated from the zoo: its choices are exactly the zoo's pipelines (and its
     transformers models, which `vgen sample` takes), and every command that takes a model composes with each
@@ -272,8 +273,3 @@ def test_bench_rejects_bad_settings_before_loading(tiny_pipeline, tmp_path, caps
         assert e.value.code == 2 and msg in err, err
 
 
-@pytest.mark.slow  # quick loop: kept under 3 minutes
-def test_bad_input_in_a_real_process(tiny_pipeline, tmp_path):
-    r = run(["sample", f"model.path={tiny_pipeline}", "seed=-1", f"outdir={tmp_path / 'x'}"], tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().startswith("vgen sample: error: seed must be a whole number")
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -435,6 +435,7 @@ def test_vgen_eval_clip(tiny, tmp_path, capsys):
     assert np.allclose(json.loads((tmp_path / "o.json").read_text())["scores"], res["scores"], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_vgen_eval_clip_errors(tiny, tmp_path, capsys):
     from vgen.io import save_png
     samples = tmp_path / "samples"

@@ -1,6 +1,7 @@
 """The Gradio demo: handlers called directly, the app driven over HTTP with gradio_client, and the page
 rendered in headless Chromium."""
 import dataclasses
+import importlib.util
 import os
 import shutil
 import socket
@@ -15,7 +16,10 @@ from guards import needs_zoo
 
 from vgen.errors import VGenError
 
-gr = pytest.importorskip("gradio")
+# skipped without gradio (the demo extra), checked without importing it: gradio's import costs about 10 s, paid by
+# each test worker at collection otherwise
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("gradio") is None,
+                                reason="gradio (the demo extra) is not installed")
 
 
 def free_port() -> int:

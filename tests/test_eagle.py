@@ -366,6 +366,7 @@ def test_drafter_recipe_self_samples_are_the_targets_own_and_resume(tmp_path, ti
     assert not out.exists()
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_drafter_recipe_trains_chained_depths_from_an_init(tmp_path, tiny_pipeline):
     """``depths=3`` (EAGLE-3's training-time test) fine-tuning a depth-1 head (``init=``) logs the acceptance of the
     chained depths and raises depth 2's and 3's above what the same steps of teacher forcing alone reach from the

@@ -24,6 +24,7 @@ def noise(n, seed=0):
     return torch.randint(0, 256, (n, 3, 64, 64), generator=g, dtype=torch.uint8)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_photo_fid_both_backends_agree_and_rank_noise_worse(cache, classifier):
     import vgen.eval as ev
     res = {}
@@ -58,26 +59,21 @@ def test_reference_statistics_are_cached_per_extractor_weights(cache, classifier
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch-fidelity", "clean-fid"])
-def test_inception_path_runs_offline_with_local_weights(cache, inception, backend):
+def test_inception_path_runs_offline_with_local_weights(cache, inception, backend, monkeypatch):
     """Each backend's Inception path offline: real photos nearer the reference than noise. clean-fid computes its
     FID with SciPy's sqrtm (about 13 s per 2048-d matrix here), so it gets one call: the noise; its ordering against
     real photos is torch-fidelity's call's, and test_photo_fid_both_backends_agree_and_rank_noise_worse checks that
-    the two backends agree."""
+    the two backends agree. torch-fidelity's second call takes its weights from $VGEN_INCEPTION_WEIGHTS, with the
+    Inception score off."""
     import vgen.eval as ev
     ref = real(8, seed=4)
     bad = ev.fid(noise(8), ref, extractor="inception", backend=backend, inception_weights=inception)
     assert np.isfinite(bad["fid"]) and bad["fid"] > 0 and bad["extractor"] == "inception"
     if backend == "torch-fidelity":
-        good = ev.fid(real(8, seed=5), ref, extractor="inception", backend=backend, inception_weights=inception)
-        assert np.isfinite(good["fid"]) and good["fid"] < bad["fid"] and "isc_mean" in good
-
-
-@pytest.mark.slow  # quick loop: kept under 3 minutes
-def test_inception_weights_from_env(cache, inception, monkeypatch):
-    import vgen.eval as ev
-    monkeypatch.setenv("VGEN_INCEPTION_WEIGHTS", str(inception))
-    r = ev.fid(real(4), real(4, seed=2), extractor="inception", isc=False)
-    assert np.isfinite(r["fid"]) and "isc_mean" not in r
+        assert "isc_mean" in bad
+        monkeypatch.setenv("VGEN_INCEPTION_WEIGHTS", str(inception))
+        good = ev.fid(real(8, seed=5), ref, extractor="inception", backend=backend, isc=False)
+        assert np.isfinite(good["fid"]) and good["fid"] < bad["fid"] and "isc_mean" not in good
 
 
 def test_inception_without_weights_says_what_to_download(monkeypatch, tmp_path):

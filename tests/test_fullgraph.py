@@ -21,14 +21,15 @@ def fullgraph(fn, dynamic=False, device="cpu"):
     return torch.compile(fn, fullgraph=True, backend="eager", dynamic=dynamic)
 
 
+SLOW = pytest.mark.slow  # quick loop: one step of each kind (AR's, the rows', the speculative core's)
 CASES = [
     ("ar", vgen.samplers.ar, {}),
-    ("ar", vgen.samplers.ar, dict(draw="gumbel")),
-    ("zipar", vgen.samplers.zipar, dict(window=2)),
+    pytest.param("ar", vgen.samplers.ar, dict(draw="gumbel"), marks=SLOW),
+    pytest.param("zipar", vgen.samplers.zipar, dict(window=2), marks=SLOW),
     ("pjd", vgen.samplers.pjd, dict(lag=2, window=3, rows=3)),
     ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, init="vertical")),
-    ("scd", vgen.samplers.speculative.scheduler, dict(window=4)),
-    ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, coupling="maximal")),
+    pytest.param("scd", vgen.samplers.speculative.scheduler, dict(window=4), marks=SLOW),
+    pytest.param("sjd", vgen.samplers.speculative.scheduler, dict(window=4, coupling="maximal"), marks=SLOW),
 ]
 
 

@@ -257,14 +257,15 @@ def test_demo_port_in_use(capsys):
 
 @pytest.mark.slow
 def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path, monkeypatch):
-    """The same rules across a real process boundary: a Hydra type error and an unwritable outdir exit 2 with one
-    line; SIGINT (Ctrl-C) mid-run exits 130 with one line, keeps finished samples, and the same command resumes."""
+    """The same rules across a real process boundary: a Hydra type error, an unwritable outdir and a value vgen
+    refuses (a negative seed) exit 2 with one line; SIGINT (Ctrl-C) mid-run exits 130 with one line, keeps finished samples, and the same command resumes."""
     import signal
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     base = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "progress=false"]
     work = tmp_path / "work"
     work.mkdir()
-    bads = ((["num_samples=abc"], "num_samples takes a whole number"), (["outdir=/proc/vgen-x"], "cannot be written"))
+    bads = ((["num_samples=abc"], "num_samples takes a whole number"), (["outdir=/proc/vgen-x"], "cannot be written"),
+            (["seed=-1"], "vgen sample: error: seed must be a whole number"))
     procs = [subprocess.Popen(base + bad, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for bad, _ in bads]  # side by side: each is mostly imports
     for p, (_, msg) in zip(procs, bads):

@@ -226,6 +226,7 @@ def test_nar_joint_uses_both_heads(micro_nar):
 
 
 # ---- pipeline and CLI ------------------------------------------------------------------------------------
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_nar_pipeline_and_cli_sample(tiny_nar_pipeline, tmp_path, capsys):
     import json
 

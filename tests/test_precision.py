@@ -33,8 +33,8 @@ def test_bfloat16_logits_reach_the_sampler_as_float32(micro_bf16):
     assert abs(joint.sum() - 1) < 1e-5
 
 
-@pytest.mark.parametrize("name,extra", [  # the speculative ones are long statistical tests: the full suite runs them
-    ("ar", {}), pytest.param("sjd", dict(window=3, init="vertical"), marks=pytest.mark.slow),
+@pytest.mark.parametrize("name,extra", [  # long statistical tests: the full suite runs them (float32 ar: test_sampling)
+    pytest.param("ar", {}, marks=pytest.mark.slow), pytest.param("sjd", dict(window=3, init="vertical"), marks=pytest.mark.slow),
     pytest.param("scd", dict(window=3), marks=pytest.mark.slow)])
 def test_exact_samplers_stay_exact_with_a_bfloat16_target(micro_bf16, name, extra):
     """10k samples of a bfloat16 model follow the joint its bfloat16 logits define (chi-square), the same counts
@@ -158,6 +158,7 @@ print(json.dumps(got))
 """
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_importing_vgen_changes_nothing_and_the_command_bounds_openmp_spinning():
     """`import vgen` loads neither torch nor the transformers loader and sets no variable; the `vgen` command
     (vgen.cli.main, what the script and `python -m vgen` run, as torchrun starts it) bounds how long idle OpenMP
@@ -254,6 +255,7 @@ def test_gpu_experiment_refuses_unknown_shapes(capsys, tmp_path):
     assert code == 2 and "unknown shapes" in err and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_an_in_process_command_keeps_the_callers_threads(tiny_pipeline, tmp_path):
     """vgen.cli.main run in process (tests, notebooks) sets its threads for the command only."""
     from vgen.cli import main

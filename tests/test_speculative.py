@@ -396,6 +396,7 @@ def test_timed_rule_picks_better_widths_under_simulated_noise():
     assert res["new"][eagle]["mean_ratio"] > res["old"][eagle]["mean_ratio"] + 0.01
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_window_auto_times_ar_and_fixed_widths_once_per_job_batch(tiny_gpt, tmp_path, monkeypatch):
     """window=auto: AR's loop and widths 2 / 4 are timed whole once (cached per settings and job batch); the job
     runs the fastest width (that fixed width's tokens) or AR's loop (AR's tokens) when none beats it by the margin."""

@@ -58,6 +58,7 @@ def test_scd_is_ar_with_gumbel_draws_on_prompts(tiny_t2i_pipeline):
     assert torch.equal(ar.tokens, scd.tokens)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_window_auto_calibrates_on_the_cards_example_prompts(tiny_t2i_pipeline, tmp_path, monkeypatch):
     monkeypatch.setenv("VGEN_CACHE", str(tmp_path / "cache"))
     pipe = load_pipeline(str(tiny_t2i_pipeline))
@@ -264,6 +265,7 @@ def test_demo_races_samplers_on_a_prompt(tiny_t2i_pipeline):
         d.race(LOCAL, str(tiny_t2i_pipeline), None, 0, ["sjd"], {}, prompt="  ")
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_app_shows_a_prompt_box_for_a_text_model(tiny_t2i_pipeline):
     pytest.importorskip("gradio")
     from vgen.demo import Demo, build_app

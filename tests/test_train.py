@@ -53,6 +53,7 @@ def test_vq_and_gpt_recipes_run_resume_and_export(tmp_path):
     assert nar.config.n_layer == 1 and len(nar.layers) == 2 and nar.order == "next-neighbour"
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
     from vgen.eval.extractors import load_photo_classifier
     from vgen.train.photo import PhotoTrainConfig, train_photo
@@ -96,6 +97,7 @@ def test_photo_classifier_recipe_learns_from_tokenizer_round_trips_and_continues
     assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_msvq_and_var_recipes_run_resume_and_export(tmp_path):
     from vgen.train.msvq import MSVQTrainConfig, train_msvq
     from vgen.train.var import VARTrainConfig, train_var
@@ -150,6 +152,7 @@ def _tiny_vq_file(path):
     return str(RunDir(path).export("vq.safetensors", vq.state_dict(), asdict(vq.config)))
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 @pytest.mark.parametrize("recipe", ["vq", "gpt"])
 def test_interrupted_run_resumes_bit_identically(tmp_path, monkeypatch, recipe):
     """N steps in one go == N/2 steps, a crash after the checkpoint, and a resumed run for the rest: same weights,
@@ -240,6 +243,7 @@ def test_recipes_train_on_cuda_and_checkpoint_for_the_cpu(tmp_path):
     assert gm["steps"] == 2 and gm["test_loss"] > 0
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_vq_recipe_fine_tunes_on_captioned_crops(tmp_path):
     """recipe.data=captioned trains on photos-t2i's treated crops and reports how often a round trip keeps each
     treatment; recipe.init starts from a trained VQ (its architecture, not recipe.model)."""

@@ -1,6 +1,8 @@
 """transformers' image generators (Janus, Emu3) under vgen's samplers (vgen.models.hf): logits equal the model's own
 forward, greedy tokens equal transformers' generate(), the lossless samplers are exact (enumerated), SCD reproduces
 ar draw=gumbel, padding changes nothing, and bad input is refused before any forward pass."""
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,9 @@ from vgen.kernels.sampling import filter_probs
 from vgen.models import from_transformers
 from vgen.models.hf import shapes
 
-transformers = pytest.importorskip("transformers")
+# transformers is imported by the tests that use it, not at collection (about 9 s, paid by each test worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="transformers is not installed")
 
 
 def janus(**kw):
