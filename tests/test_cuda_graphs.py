@@ -12,6 +12,29 @@ from vgen.kernels.linear import linear
 from vgen.samplers import sample
 
 
+def test_the_cpu_wrapper_is_chosen_by_the_environment(monkeypatch):
+    """`$VGEN_CPP_WRAPPER=0` compiles a CPU step with inductor's Python wrapper (a many-layer model's C++ wrapper takes
+    g++ tens of minutes); unset or 1, the C++ one; any other value is a one-line error before anything compiles."""
+    from vgen.errors import VGenError
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: asked.append(kw) or fn)
+    monkeypatch.setattr(decode, "use_cache_dir", lambda: None)
+    for value, cpp in ((None, True), ("1", True), ("0", False)):
+        if value is None:
+            monkeypatch.delenv("VGEN_CPP_WRAPPER", raising=False)
+        else:
+            monkeypatch.setenv("VGEN_CPP_WRAPPER", value)
+        decode.compiled.cache_clear()
+        decode.compiled(lambda x: x + 1)
+        assert asked[-1]["options"]["cpp_wrapper"] is cpp
+    monkeypatch.setenv("VGEN_CPP_WRAPPER", "yes")
+    decode.compiled.cache_clear()
+    with pytest.raises(VGenError, match="VGEN_CPP_WRAPPER must be 1 .* or 0 .*, got 'yes'"):
+        decode.compiled(lambda x: x + 1)
+    decode.compiled.cache_clear()
+    assert len(asked) == 3
+
+
 def test_a_cuda_step_is_compiled_reduce_overhead_fullgraph(monkeypatch):
     """`compiled(fn, device="cuda")` asks torch.compile for CUDA graphs over one graph; the CPU keeps inductor's
     default mode with the C++ wrapper. The CUDA step's outputs are the caller's own tensors (copies), and a new

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from vgen.errors import VGenError
 from vgen.io import cache_dir as vgen_cache
 from vgen.kernels.gumbel import gumbel_draw
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
@@ -65,6 +66,16 @@ def ar_loop_step(model, cache, tokens: torch.Tensor, logp: torch.Tensor, u: torc
 COMPILE_OPTIONS = {"cpp_wrapper": True}
 
 
+def compile_options() -> dict:
+    """:data:`COMPILE_OPTIONS`, or with ``$VGEN_CPP_WRAPPER=0`` the kernels driven from Python: a model of many layers
+    (LlamaGen-XL's 36) makes one long C++ wrapper that g++ builds for tens of minutes on a small CPU, while the Python
+    wrapper's cost per kernel launch is small beside such a step (docs/compile.md)."""
+    v = os.environ.get("VGEN_CPP_WRAPPER", "1").strip().lower()
+    if v not in ("0", "1"):
+        raise VGenError(f"VGEN_CPP_WRAPPER must be 1 (the C++ wrapper, the default) or 0 (the Python one), got {v!r}")
+    return COMPILE_OPTIONS if v == "1" else {**COMPILE_OPTIONS, "cpp_wrapper": False}
+
+
 def cache_dir() -> Path:
     """Where compiled steps are kept across processes: ``$TORCHINDUCTOR_CACHE_DIR`` where the user set it, else
     ``$VGEN_CACHE_DIR``, else ``inductor`` under ``$VGEN_CACHE`` or ``~/.cache/vgen``. (Importing ``torch._dynamo``
@@ -115,7 +126,7 @@ def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     for steps whose token count changes every call (NAR's anti-diagonals). Compiled code is cached on disk
     (:func:`cache_dir`): a later process compiling the same step loads it instead.
 
-    ``device``: the device type the step runs on. On a CPU, inductor's default mode with :data:`COMPILE_OPTIONS`.
+    ``device``: the device type the step runs on. On a CPU, inductor's default mode with :func:`compile_options`.
     On CUDA, ``mode="reduce-overhead"`` with ``fullgraph=True`` (gpt-fast's decode): the step is recorded once as a
     CUDA graph and replayed, one launch per step instead of one per kernel, which is what a GPU step at small batch
     waits on. The KV cache's tensors are static addresses there (:class:`vgen.kernels.kv_cache.KVCache`), so the
@@ -123,11 +134,12 @@ def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     overwrites it), see :func:`graphed`."""
     use_cache_dir()
     raise_recompile_limits()
+    options = compile_options()  # a bad value fails before anything compiles
     if device == "cuda":
         return graphed(torch.compile(fn, dynamic=dynamic, mode="reduce-overhead", fullgraph=True),
                        lambda: torch.compile(fn, dynamic=dynamic, backend="cudagraphs", fullgraph=True),
                        getattr(fn, "__name__", "step"))
-    return torch.compile(fn, dynamic=dynamic, options=COMPILE_OPTIONS)
+    return torch.compile(fn, dynamic=dynamic, options=options)
 
 
 def backend_failed(e: BaseException) -> bool:
