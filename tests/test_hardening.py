@@ -268,9 +268,10 @@ def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path, monkey
             (["seed=-1"], "vgen sample: error: seed must be a whole number"))
     procs = [subprocess.Popen(base + bad, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for bad, _ in bads]  # side by side: each is mostly imports
-    for p, (_, msg) in zip(procs, bads):
-        _, err = p.communicate(timeout=120)
+    errs = [p.communicate(timeout=120)[1] for p in procs]
+    for p, err, (_, msg) in zip(procs, errs, bads):
         assert p.returncode == 2 and msg in one_line(err.strip()), err
+    assert errs[2].strip().startswith(bads[2][1])  # vgen's own refusal opens with the command's name
     assert list(work.iterdir()) == []
     out = work / "run"
     cmd = base + ["num_samples=100000", "batch_size=1", "sampler.compile=false", f"outdir={out}"]
