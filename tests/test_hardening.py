@@ -165,42 +165,6 @@ def test_processes_of_one_torchrun_job_share_the_lock(tmp_path, monkeypatch):
     assert not (tmp_path / ".vgen.lock").exists()
 
 
-@pytest.mark.slow
-def test_two_concurrent_runs_in_one_folder(tiny_pipeline, tmp_path):
-    """Real processes: while one run draws, a second one in the same folder is refused and deletes nothing."""
-    import signal
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "batch_size=1", "progress=false",
-           "sampler.compile=false", f"outdir={out}", "num_samples=100000"]
-    log = tmp_path / "first.log"  # a file, not a pipe: a long run can never block on a full pipe buffer
-    with open(log, "w") as f:
-        first = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, env=env,
-                                 preexec_fn=interruptible)
-
-    def said() -> str:
-        return log.read_text()
-    try:
-        t0 = time.time()  # generous: the machine may be loaded (imports alone take seconds)
-        while (not (out / "000000.png").exists() or not (out / ".vgen.lock").exists()) and time.time() - t0 < 300:
-            assert first.poll() is None, f"the first run stopped early ({first.returncode}): {said()}"
-            time.sleep(0.05)
-        assert (out / "000000.png").exists(), f"the first run drew nothing in 300 s: {said()}"
-        assert json.loads((out / ".vgen.lock").read_text())["pid"] == first.pid
-        second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        assert second.returncode == 2 and "is in use by pid" in second.stderr, (second.stderr, said())
-        assert first.poll() is None, f"the first run must still be running while the second is refused: {said()}"
-        drawn = len(list(out.glob("0*.png")))
-    finally:
-        if first.poll() is None:
-            first.send_signal(signal.SIGINT)
-        first.wait(timeout=300)
-    assert first.returncode == 130, said()  # it kept drawing after the refusal, stopped on Ctrl-C, released the lock
-    names = sorted(p.name for p in out.glob("0*.png"))
-    assert len(names) >= drawn and names == [f"{i:06d}.png" for i in range(len(names))]
-    assert not list(out.glob(".*.tmp")) and not (out / ".vgen.lock").exists(), sorted(p.name for p in out.iterdir())
-
-
 def test_refused_train_run_creates_nothing_and_an_accepted_one_records_its_config(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
@@ -258,7 +222,9 @@ def test_demo_port_in_use(capsys):
 @pytest.mark.slow
 def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path, monkeypatch):
     """The same rules across a real process boundary: a Hydra type error, an unwritable outdir and a value vgen
-    refuses (a negative seed) exit 2 with one line; SIGINT (Ctrl-C) mid-run exits 130 with one line, keeps finished samples, and the same command resumes."""
+    refuses (a negative seed) exit 2 with one line; while a run draws, a second one in the same folder is refused
+    (exit 2, one line) and deletes nothing; SIGINT (Ctrl-C) mid-run exits 130 with one line, keeps finished samples,
+    releases the folder, and the same command resumes."""
     import signal
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     base = [sys.executable, "-m", "vgen", "sample", f"model.path={tiny_pipeline}", "progress=false"]
@@ -281,12 +247,21 @@ def test_real_processes_sigint_and_config_errors(tiny_pipeline, tmp_path, monkey
     while not (out / "000001.png").exists() and time.time() - t0 < 120 and p.poll() is None:
         time.sleep(0.05)
     assert p.poll() is None, p.communicate()[1]
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err
+    try:
+        assert json.loads((out / ".vgen.lock").read_text())["pid"] == p.pid
+        second = subprocess.run(cmd, cwd=work, capture_output=True, text=True, env=env, timeout=300)
+        assert second.returncode == 2 and "is in use by pid" in one_line(second.stderr.strip()), second.stderr
+        assert p.poll() is None, "the first run must still be running while the second is refused"
+        drawn = len(list(out.glob("0*.png")))
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err  # it kept drawing after the refusal and stopped on Ctrl-C
     assert one_line(err.strip()).endswith("interrupted (finished samples are kept: run the same command again to resume)")
     kept = sorted(x.name for x in out.glob("0*.png"))
-    assert 2 <= len(kept) < 100000 and not (out / ".vgen.lock").exists() and not list(out.glob(".*.tmp"))
+    assert kept == [f"{i:06d}.png" for i in range(len(kept))] and 2 <= drawn <= len(kept) < 100000
+    assert not (out / ".vgen.lock").exists() and not list(out.glob(".*.tmp"))
     n = len(kept) + 2  # resume (a shorter job of the same run): only the missing samples are drawn; in process (the
     # main() the command runs: the on-disk state the interrupted process left is what matters; a real process resumes
     # in test_scaleout's killed torchrun job)

@@ -147,6 +147,7 @@ for case, chosen in (("policy", {"OMP_WAIT_POLICY": "ACTIVE"}), ("count", {"GOMP
         os.environ.pop(k)
 cli.main(["--help"])  # the command: the spin bound is set before its usage line loads torch
 got["at_torch"] = at_torch
+got["heavy"] = [m for m in ("torch._dynamo", "timm", "torchvision") if m in sys.modules]  # 2.4 + 2.5 s of a start
 os.environ.pop("GOMP_SPINCOUNT")
 cli.main(["--help"])
 got["in_process"] = os.environ.get("GOMP_SPINCOUNT")  # torch already loaded: main changes nothing
@@ -165,13 +166,14 @@ def test_importing_vgen_changes_nothing_and_the_command_bounds_openmp_spinning()
     threads spin before they sleep, set before torch starts (the value the environment holds when torch is first
     imported), unless the user chose a wait policy or a spin count; main run in a process that already holds torch
     (a test, a notebook) leaves the environment alone. The transformers loader is found through its entry point
-    (`vgen.loaders`) on the first card read. One fresh interpreter."""
+    (`vgen.loaders`) on the first card read. The command's start (every sampler and model kind registered) loads
+    neither dynamo nor timm nor torchvision: they wait for a compile, a MAR model or an eval. One fresh interpreter."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     r = subprocess.run([sys.executable, "-c", SPIN_CHILD], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got == {"import": [None, False, False], "policy": None, "count": "300000", "at_torch": ["1000"],
-                   "in_process": None, "version": True, "names": True, "emu3": ["transformers", True]}, got
+                   "in_process": None, "version": True, "names": True, "emu3": ["transformers", True], "heavy": []}, got
 
 
 @pytest.mark.slow

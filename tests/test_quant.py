@@ -35,6 +35,7 @@ def test_int8_layer_is_its_dequantized_weight_within_half_a_step():
     assert (y - lin(x)).abs().max() > 0  # it is another model
 
 
+@pytest.mark.slow  # quick loop: a compile of int8_gemv (14 s on the AVX2 host), a path AVX2 hosts with the native kernel never take
 def test_the_fused_int8_product_reads_each_row_alone_and_falls_back_to_aten(monkeypatch):
     """The CPU product's fused path (compiled int8_gemv, up to fused_rows() rows): PyTorch's int8 kernel's result
     within rounding, the same bytes for a row whatever the rows beside it (batch invariance), and aten's kernel where

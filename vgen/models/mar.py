@@ -24,7 +24,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-from timm.models.vision_transformer import Block
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -93,6 +92,9 @@ class MAR(HeadSampling, nn.Module):
         self.token_embed_dim = cfg.vae_embed_dim * cfg.patch_size ** 2
         self.buffer_size = cfg.buffer_size
         enc, dec = cfg.encoder_embed_dim, cfg.decoder_embed_dim
+
+        from timm.models.vision_transformer import Block  # here, not at import: timm pulls in torchvision and
+        # dynamo, 2.5 s of every `vgen` command's start (docs/architecture.md, "Layers")
 
         def blocks(dim, depth, heads):
             return nn.ModuleList(
