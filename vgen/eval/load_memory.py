@@ -155,7 +155,10 @@ def _child(path: str, name: str, mode: str, group: int) -> dict:
     import resource
     import time
 
+    # torch._dynamo: torch imports it at a model's build (nn.init.normal_ on the meta device goes through
+    # torch._refs), about 150 MB; imported before the count, as every other import, so a load adds only its weights
     import torch
+    import torch._dynamo  # noqa: F401
 
     from vgen.eval.shapes import SHAPES, TOKENS
     from vgen.kernels.quant import quantize_model, weight_bytes

@@ -13,6 +13,7 @@ import torch
 from vgen.errors import VGenError
 from vgen.io import cache_dir as vgen_cache
 from vgen.kernels.gumbel import gumbel_draw
+from vgen.kernels.quant import graph_rows
 from vgen.kernels.sampling import filter_probs, guide, sample_from_probs
 
 
@@ -134,6 +135,7 @@ def compiled(fn, dynamic: bool = False, device: str = "cpu"):
     overwrites it), see :func:`graphed`."""
     use_cache_dir()
     raise_recompile_limits()
+    graph_rows()  # int8 layers in the step read their product's rule as a constant
     options = compile_options()  # a bad value fails before anything compiles
     if device == "cuda":
         return graphed(torch.compile(fn, dynamic=dynamic, mode="reduce-overhead", fullgraph=True),

@@ -120,14 +120,14 @@ def fused_rows() -> int:
     return _FUSED["rows"]
 
 
-_GRAPH_ROWS = None  # fused_rows as dynamo's constant: made by graph_rows() with the first Int8Linear
+_GRAPH_ROWS = None  # fused_rows as dynamo's constant: made by graph_rows() when vgen first compiles a step
 
 
 def graph_rows() -> None:
     """Makes :func:`fused_rows` dynamo's constant for compiled steps (``torch.compiler.assume_constant_result``:
-    called once while a step is traced, its value baked in), once, from eager code: an :class:`Int8Linear`'s
-    construction. Not at import: the decorator imports ``torch._dynamo``, 2.4 s of every ``vgen`` command's start on
-    a 2-core CPU, quantized or not."""
+    called once while a step is traced, its value baked in), once; :func:`vgen.kernels.decode.compiled` calls it
+    before it compiles a step. Not at import: the decorator imports ``torch._dynamo`` (2.4 s and about 150 MB on a
+    2-core CPU), which a command's start (``vgen --help``, a refusal before weights load) does not need."""
     global _GRAPH_ROWS
     if _GRAPH_ROWS is None:
         _GRAPH_ROWS = torch.compiler.assume_constant_result(fused_rows)
@@ -138,7 +138,7 @@ def int8_product(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) ->
     :func:`int8_gemv` compiled (inside a compiled step, inlined into it; docs/quantization.md has the timings), or
     PyTorch's ``torch._weight_int8pack_mm`` where compiling fails (no C++ compiler), said once."""
     if torch.compiler.is_compiling():  # inside a compiled step: the rule by the machine alone (the rows are symbolic)
-        rows = (_GRAPH_ROWS or fused_rows)()  # (traced plainly where no Int8Linear was built: a direct call)
+        rows = (_GRAPH_ROWS or fused_rows)()  # traced plainly in a step compiled outside vgen.kernels.decode
         return int8_cpu_op(x, qweight, scale) if rows == 0 else int8_gemv(x, qweight, scale)
     if x.shape[0] > fused_rows():
         return int8_cpu(x, qweight, scale)
@@ -184,7 +184,6 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        graph_rows()
         q, scale = int8_rows(linear.weight)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("qweight", q)
@@ -211,7 +210,6 @@ class Int8Linear(nn.Module):
         """An output layer tied to an int8 embedding table: the same codes and scales (one copy in memory)."""
         lin = cls.__new__(cls)
         nn.Module.__init__(lin)
-        graph_rows()
         lin.out_features, lin.in_features = table.qweight.shape
         lin.register_buffer("qweight", table.qweight)
         lin.register_buffer("scale", table.scale)
