@@ -416,8 +416,8 @@ def test_inception_suite_end_to_end_with_an_adm_reference_npz(tmp_path, inceptio
     assert r["features"] == {"pool": 2048, "spatial": 2023, "logits": 1008,
                              "spatial_layer": r["features"]["spatial_layer"]}
     assert "Mixed_6d.branch1x1" in r["features"]["spatial_layer"] and "precomputed" in r["reference_stats"]
-    same = evaluate(samples, ref_imgs, extractor="inception", inception_weights=inception, cache=cache)
-    assert r["fid"] == pytest.approx(same["fid"], rel=1e-6) and r["sfid"] == pytest.approx(same["sfid"], rel=1e-6)
+    # that the npz's statistics give the FID / sFID of its images: test_reference_npz_statistics_are_used_when_present
+    # (the same feature path, a small extractor: a second Inception evaluation here cost 10-18 s)
 
 
 def test_video_clips_are_refused_by_the_image_metrics_with_the_fvd_command(tmp_path, classifier):

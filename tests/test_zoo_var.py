@@ -30,19 +30,22 @@ def test_zoo_var_generate_is_seeded_and_batch_invariant(pipe):
 
 @pytest.mark.slow
 def test_zoo_var_is_class_conditional(pipe):
-    """Held-out pyramids are most likely under their own class far more often than chance (1/16): one per class
-    (measured 12/16 and 11/16 at seeds 123 and 7; 8 or more of 16 by chance has probability ~1e-6)."""
+    """Held-out pyramids are most likely under their own class far more often than chance (1/16): one for each of
+    classes 8-15, each scored under all 16 (measured 7/8 and 6/8 at seeds 123 and 7; all 16 classes' pyramids 12/16
+    and 11/16, the first eight 5/8 and 5/8; 5 or more of 8 by chance has probability ~5e-5)."""
     data = photos("test", NUM_CLASSES, seed=123)
+    images, labels = data.images[8:], data.labels[8:]
+    assert labels.tolist() == list(range(8, 16))
     with torch.no_grad():
-        idx = pipe.tokenizer.encode_scales(to_model_range(data.images))
+        idx = pipe.tokenizer.encode_scales(to_model_range(images))
         codes, x = torch.cat(idx, 1), pipe.tokenizer.quantize.teacher_input(idx)
         n = codes.shape[0]
         ll = torch.empty(n, NUM_CLASSES)
         for c in range(NUM_CLASSES):
             logits = pipe.model(torch.full((n,), c), x)
             ll[:, c] = logits.log_softmax(-1).gather(-1, codes[..., None]).squeeze(-1).sum(-1)
-    acc = (ll.argmax(1) == data.labels).float().mean().item()
-    assert acc > 0.5, acc
+    hits = int((ll.argmax(1) == labels).sum())
+    assert hits >= 5, hits
 
 
 def test_zoo_var_shipped_scalekv_calibration(pipe):

@@ -240,9 +240,20 @@ SCHEMAS = {"sample": SampleSchema, "bench": BenchSchema, "eval": EvalSchema, "de
            "scalekv": ScaleKVSchema, "train": TrainSchema}  # command -> its schema (vgen.validate.config)
 
 
+_REGISTERED: tuple = ()  # the models and sampler classes the config store holds nodes for
+
+
 def register() -> None:
+    """Store every schema, model and sampler node in Hydra's config store, once per set of models and sampler
+    classes (a model or sampler registered later in the process is stored at the next call): a command run in
+    process again (tests, notebooks) composes without rebuilding the nodes (0.24 s each time)."""
+    global _REGISTERED
     from vgen.cards import list_models, list_transformers_models
     from vgen.samplers import list_samplers, sampler_classes
+    models = list_models() + list_transformers_models()
+    samplers = [(name, *sampler_classes(name)) for name in list_samplers(include_hidden=True)]
+    if _REGISTERED == (models, samplers):
+        return
     from vgen.train.recipes import (
         CarDistillConfig,
         ContinuousTrainConfig,
@@ -267,10 +278,10 @@ def register() -> None:
     cs.store(name="eval_schema", node=EvalSchema)
     cs.store(name="demo_schema", node=DemoSchema)
     cs.store(name="scalekv_schema", node=ScaleKVSchema)
-    for name in list_models() + list_transformers_models():
+    for name in models:
         cs.store(group="model", name=name, node=ModelSchema(name=name))
-    for name in list_samplers(include_hidden=True):
-        cs.store(group="sampler", name=name, node=sampler_schema(*sampler_classes(name)))
+    for name, *classes in samplers:
+        cs.store(group="sampler", name=name, node=sampler_schema(*classes))
     cs.store(group="vgen_schema", name="recipe_vq", node=VQTrainConfig)
     cs.store(group="vgen_schema", name="recipe_gpt", node=GPTTrainConfig)
     cs.store(group="vgen_schema", name="recipe_photo", node=PhotoTrainConfig)
@@ -286,3 +297,4 @@ def register() -> None:
     cs.store(group="vgen_schema", name="recipe_car_distill", node=CarDistillConfig)
     cs.store(group="vgen_schema", name="recipe_t2i", node=T2ITrainConfig)
     cs.store(group="vgen_schema", name="recipe_emu3", node=Emu3TrainConfig)
+    _REGISTERED = (models, samplers)

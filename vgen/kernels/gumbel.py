@@ -45,12 +45,11 @@ def _splitmix64(z: int) -> int:
 def gumbel_keys(seeds: Sequence[int], positions: int, device=None) -> torch.Tensor:
     """(len(seeds), positions) int64: the 32-bit key of every token position of every sample, a function of the
     sample's seed and the position only (batch- and shard-invariant). Made on the host, once per sample."""
-    out = torch.empty((len(seeds), positions), dtype=torch.long)
+    z = [_splitmix64((int(s) ^ _STREAM) % 2 ** 64) for s in seeds]
+    lo = torch.tensor([k & M32 for k in z], dtype=torch.long).reshape(-1, 1)
+    hi = torch.tensor([k >> 32 for k in z], dtype=torch.long).reshape(-1, 1)
     pos = torch.arange(positions, dtype=torch.long)
-    for i, s in enumerate(seeds):
-        z = _splitmix64((int(s) ^ _STREAM) % 2 ** 64)
-        out[i] = _mix((_mix(pos ^ (z & M32)) + (z >> 32)) & M32)
-    return out.to(device)
+    return _mix((_mix(pos ^ lo) + hi) & M32).to(device)
 
 
 def _log_uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
