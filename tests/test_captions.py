@@ -170,20 +170,21 @@ def test_treatments_read_back_from_pixels(split, seed, colour_min, light_min):
             assert hits[values == v].mean() >= 0.97, (attr, v)
 
 
-@pytest.mark.slow  # quick loop: kept under 3 minutes (26-32 s in CI)
+@pytest.mark.slow  # quick loop: kept under 3 minutes (30 s in CI at 480 crops)
 @needs_zoo("photos-t2i")
 def test_treatments_read_back_through_the_zoo_tokenizer():
     """The judge reads the treatments back from round trips through photos-t2i's tokenizer (what a perfect
-    generator over its codes would draw) about as well as from the crops themselves."""
+    generator over its codes would draw) about as well as from the crops themselves. 240 crops (measured: colour
+    0.954 and 0.942, brightness 0.975 and 0.979 at seeds 5 and 6; from 480 crops 0.948 / 0.938, 0.977 / 0.979)."""
     import vgen
     from vgen.data import to_model_range, to_uint8
-    d = captioned_photos("train", 480, seed=5)
+    d = captioned_photos("train", 240, seed=5)
     tok = vgen.load_pipeline("photos-t2i").tokenizer
     with torch.inference_mode():
-        rt = torch.cat([to_uint8(tok.decode(tok.encode(to_model_range(d.images[i:i + 160])))) for i in (0, 160, 320)])
+        rt = torch.cat([to_uint8(tok.decode(tok.encode(to_model_range(d.images[i:i + 120])))) for i in (0, 120)])
     colour = np.array(measure_colour(rt)) == np.array([f.colour for f in d.facts])
     light = np.array(measure_brightness(rt)) == np.array([f.brightness for f in d.facts])
-    print(f"\nrecovered from 480 round trips: colour {colour.mean():.3f}, brightness {light.mean():.3f}")
+    print(f"\nrecovered from 240 round trips: colour {colour.mean():.3f}, brightness {light.mean():.3f}")
     assert colour.mean() >= 0.92 and light.mean() >= 0.95
 
 
