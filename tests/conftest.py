@@ -170,7 +170,7 @@ def _short_timed_calibration():
 # Compiled steps of the test runs: inductor's on-disk caches (FX graphs, AOTAutograd graphs, built C++), keyed by the
 # graph, torch's version and the options, so a hit loads the code a compile would build. Shared by both workers and
 # by the processes they start, and kept between runs of this checkout (a fresh clone, as CI's, starts cold): a
-# compiled test then pays dynamo's trace, not inductor's codegen and g++ (the compiled eagle step: 52 s cold, 9 s
+# compiled test then pays dynamo's trace, not inductor's codegen and g++ (the compiled eagle step: 52 s cold, 5 s
 # warm). Tests of the cache's own behaviour set their own folders.
 INDUCTOR_CACHE = REPO / ".pytest_cache" / "vgen-inductor"
 

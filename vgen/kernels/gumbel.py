@@ -44,7 +44,7 @@ def _splitmix64(z: int) -> int:
 
 def gumbel_keys(seeds: Sequence[int], positions: int, device=None) -> torch.Tensor:
     """(len(seeds), positions) int64: the 32-bit key of every token position of every sample, a function of the
-    sample's seed and the position only (batch- and shard-invariant). Made on the host, once per sample."""
+    sample's seed and the position only (batch- and shard-invariant). Made on the host, every sample's at once."""
     z = [_splitmix64((int(s) ^ _STREAM) % 2 ** 64) for s in seeds]
     lo = torch.tensor([k & M32 for k in z], dtype=torch.long).reshape(-1, 1)
     hi = torch.tensor([k >> 32 for k in z], dtype=torch.long).reshape(-1, 1)
