@@ -245,6 +245,7 @@ def test_reference_npz_statistics_are_used_when_present(tmp_path, classifier, ca
     assert Counting.seen == 1  # one probe image: refused before the features of either set
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_suite_agrees_with_vgen_fid_and_warns(tmp_path, classifier, cache):
     import vgen.eval as ev
     x = real(20, seed=2)

@@ -255,6 +255,7 @@ def test_vgen_demo_command_serves_the_app(tmp_path, capsys, monkeypatch):
         p.wait(timeout=30)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_app_can_start_on_a_local_folder(tiny_nar_pipeline):
     pytest.importorskip("gradio")
     from vgen.demo import LOCAL, Demo, build_app
@@ -313,6 +314,7 @@ def test_images_are_shown_at_a_whole_scale_without_blur():
     assert (a[1::4, 2::4] == x.permute(1, 2, 0).numpy()).all()  # each pixel a 4x4 square
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_a_closed_page_runs_no_further_sampler(demo, monkeypatch):
     """The race is lazy: each sampler runs when the page asks for the next result, so when gradio stops iterating
     a job whose page is gone, the samplers not yet run never run (and the one slot is free again)."""

@@ -70,6 +70,7 @@ def toys():
     unregister_sampler("toy-all")
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_a_draft_source_and_a_rule_from_outside_vgen_sample_end_to_end(micro_gpt, toys):
     """The toy source with vgen's exact rule follows the enumerated joint (CFG, top-k, temperature on), and the
     counts reject the unguided one and one a tenth of the way to it (power); the toy rule, on the same source, accepts every draft the target allows

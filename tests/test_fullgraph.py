@@ -26,7 +26,7 @@ CASES = [
     ("ar", vgen.samplers.ar, {}),
     pytest.param("ar", vgen.samplers.ar, dict(draw="gumbel"), marks=SLOW),
     pytest.param("zipar", vgen.samplers.zipar, dict(window=2), marks=SLOW),
-    ("pjd", vgen.samplers.pjd, dict(lag=2, window=3, rows=3)),
+    pytest.param("pjd", vgen.samplers.pjd, dict(lag=2, window=3, rows=3), marks=SLOW),
     ("sjd", vgen.samplers.speculative.scheduler, dict(window=4, init="vertical")),
     pytest.param("scd", vgen.samplers.speculative.scheduler, dict(window=4), marks=SLOW),
     pytest.param("sjd", vgen.samplers.speculative.scheduler, dict(window=4, coupling="maximal"), marks=SLOW),
@@ -45,6 +45,7 @@ def test_fullgraph_decode_step(tiny_gpt, monkeypatch, name, module, opts):
     assert st_e["forward_passes"] == st_c["forward_passes"]
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_fullgraph_eagle_chain_step(tiny_gpt, monkeypatch):
     from vgen.models.drafter import Drafter
     torch.manual_seed(0)

@@ -165,6 +165,7 @@ def test_processes_of_one_torchrun_job_share_the_lock(tmp_path, monkeypatch):
     assert not (tmp_path / ".vgen.lock").exists()
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_refused_train_run_creates_nothing_and_an_accepted_one_records_its_config(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
@@ -209,6 +210,7 @@ def test_eval_checks_its_output_file_before_scoring(out, msg, tmp_path, capsys, 
     assert code == 2 and msg in one_line(err)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_demo_port_in_use(capsys):
     pytest.importorskip("gradio")
     with socket.socket() as s:

@@ -133,6 +133,7 @@ def test_the_counter_sees_a_read_and_an_upload(tiny_gpt):
     assert all(c["reads"] >= 1 and c["uploads"] >= 1 for c in loop)
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_continuous_ar_makes_no_round_trip_per_token():
     """AR over continuous tokens (a CAR model: the transformer step, then the diffusion head per token): no host read
     and no upload per token (the head's guidance and temperature constants are made once per device)."""
@@ -145,7 +146,7 @@ def test_continuous_ar_makes_no_round_trip_per_token():
     assert {k: max(c[k] for c in loop) for k in ("reads", "uploads")} == {"reads": 0, "uploads": 0}, loop
 
 
-@pytest.mark.parametrize("rule", ["exact", "path"])
+@pytest.mark.parametrize("rule", [pytest.param("exact", marks=pytest.mark.slow), "path"])
 def test_cspd_reads_the_host_once_per_round_besides_its_redraws(monkeypatch, rule):
     """CSpD, per round (between the target's passes): one host read, every row's accepted count, plus one per chunk
     of residual proposals (exact rule) or of candidate paths (path rule) where a row was rejected (the rejected rows

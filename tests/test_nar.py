@@ -192,7 +192,8 @@ def micro_nar():
     return m.eval()
 
 
-@pytest.mark.parametrize("cfg,opts", [(1.0, {}), (2.0, {"top_k": 3, "temperature": 0.9})])
+@pytest.mark.parametrize("cfg,opts", [pytest.param(1.0, {}, marks=pytest.mark.slow),
+                                      (2.0, {"top_k": 3, "temperature": 0.9})])
 def test_nar_sampler_draws_from_the_models_own_factorisation(micro_nar, cfg, opts):
     """P(x) = p(x00 | c) * p(x01 | x00, c) p(x10 | x00, c) * p(x11 | x00, x01, x10, c): the teacher-forced NAR
     logits (proximity mask, heads averaged) give every factor; the cached one-diagonal-per-pass sampler must
@@ -251,6 +252,7 @@ def test_nar_pipeline_and_cli_sample(tiny_nar_pipeline, tmp_path, capsys):
     assert not list((tmp_path / "o3").glob("*.png"))  # refused before any sampling
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_bench_takes_nar_ratios_from_the_compare_to_model(tiny_pipeline, tiny_nar, tiny_vq, tmp_path):
     """A NAR has no AR of its own: its speed-up and pass reduction come from the model its card names, and no
     drift is reported across two different models."""

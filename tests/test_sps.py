@@ -25,7 +25,8 @@ def other_draft(micro_gpt):
     return d
 
 
-@pytest.mark.parametrize("verify,window", [("block", 3), pytest.param("token", 4, marks=pytest.mark.slow)])
+@pytest.mark.slow  # quick loop: kept under 3 minutes
+@pytest.mark.parametrize("verify,window", [("block", 3), ("token", 4)])
 def test_sps_is_exact_with_a_draft_that_disagrees(micro_gpt, verify, window):
     """10k batched samples follow the target's enumerated joint (guided, top-k, temperature) whatever the draft, and
     reject both the unguided joint and one a tenth of the way there (power); some drafts were rejected."""

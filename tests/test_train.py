@@ -70,6 +70,7 @@ def test_photo_classifier_recipe_runs_resumes_and_loads(tmp_path):
     assert feats.shape == (2, clf.num_features) and logits.shape == (2, 16) and clf.arch == "test_resnet"
 
 
+@pytest.mark.slow  # quick loop: kept under 3 minutes
 def test_photo_classifier_recipe_learns_from_tokenizer_round_trips_and_continues_from_a_file(tmp_path):
     """recipe.roundtrip shows a share of the crops after a VQ round trip (labels unchanged) and reports accuracy on
     round trips of unseen crops; recipe.init continues from a classifier file; bad values fail before the run."""

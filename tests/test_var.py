@@ -135,7 +135,8 @@ def _exact_var_joint(model, label, cfg, **opts):
         return seqs, p.gather(-1, seqs[..., None]).squeeze(-1).prod(-1)
 
 
-@pytest.mark.parametrize("cfg,opts", [(0.0, {}), (2.0, {"top_k": 2, "temperature": 0.8})])
+@pytest.mark.parametrize("cfg,opts", [pytest.param(0.0, {}, marks=pytest.mark.slow),
+                                      (2.0, {"top_k": 2, "temperature": 0.8})])
 def test_var_sampler_draws_from_the_models_own_factorisation(micro_var, cfg, opts):
     seqs, joint = _exact_var_joint(micro_var, 1, cfg, **opts)
     assert abs(float(joint.sum()) - 1) < 1e-4
