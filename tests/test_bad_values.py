@@ -28,7 +28,7 @@ COUNTS = {"num_samples", "batch_size", "repeats", "grid_nrow", "prompt_frames", 
 SKIP = {"model", "sampler", "options", "metric", "action", "labels", "prompts", "prompt_column", "fid_reference",
         "fvd_reference", "fidelity_reference", "reference", "extractor", "backend", "clip_model", "dinov2_model",
         "suite", "samplers", "models", "shapes", "cpu_shapes", "shape_dtypes", "hf_models", "hf_cpu_models",
-        "hf_zoo_models", "hf_samplers", "hf_dtype"}
+        "hf_zoo_models", "hf_samplers", "hf_shape_samplers", "hf_dtype"}
 PATHS = {"outdir", "out"}
 INPUTS = {("eval", "samples"), ("eval", "classifier"), ("sample", "prompt"), ("sample", "prompt_file")}  # files read
 

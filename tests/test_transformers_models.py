@@ -469,6 +469,41 @@ def test_bench_experiment_checks_its_models_before_loading():
     assert hf_speed.check(OmegaConf.create({"device": "cpu", "hf_models": ["emu3-gen"]})) == []  # CUDA-only list
     with pytest.raises(VGenError, match="hf_grid must be"):
         hf_speed.check(OmegaConf.create({"device": "cpu", "hf_grid": 0}))
+    with pytest.raises(VGenError, match="hf_shape_samplers: unknown sampler 'nope'"):
+        hf_speed.check(OmegaConf.create({"device": "cpu", "hf_shape_samplers": ["nope"]}))
+    with pytest.raises(VGenError, match="hf_shape_samplers: eagle needs a draft head or model"):
+        hf_speed.check(OmegaConf.create({"device": "cpu", "hf_shape_samplers": ["sjd:window=4", "eagle"]}))
+
+
+@pytest.mark.slow
+def test_shape_samplers_run_in_float_and_int8(monkeypatch):
+    """``hf_shape_samplers``: each sampler on a random-weight shape in float and in int8, beside ar: timed, with its
+    tokens per pass and memory peak, its ratio to the float model's same sampler, and a table row each."""
+    from omegaconf import OmegaConf
+
+    from vgen.eval import hf_speed
+    tiny = dict(hidden=64, layers=2, heads=4, kv_heads=4, ffn=128, vocab=1024, codes=64, grid=(4, 4))
+    monkeypatch.setitem(hf_speed.CPU, "janus-tiny", tiny)
+    cfg = OmegaConf.create({"device": "cpu", "hf_cpu_models": ["janus-tiny"], "hf_batch_sizes": [1, 2],
+                            "hf_quantize": ["int8"], "hf_warmup": False, "hf_grid": None,
+                            "hf_shape_samplers": ["sjd:window=4", "pac:window=4,tree_width=2,tree_depth=1"]})
+    assert hf_speed.check(cfg) == ["janus-tiny"]
+    r = hf_speed.run(cfg)["models"]["janus-tiny"]
+    for by_b in (r["batch"], r["quantized"]["int8"]["batch"]):
+        for b in ("1", "2"):
+            cells = by_b[b]["samplers"]
+            assert list(cells) == ["sjd:window=4", "pac:window=4,tree_width=2,tree_depth=1"]
+            for c in cells.values():
+                # 16 tokens a sample in fewer passes than tokens whenever a pass accepts a draft; never more
+                assert c["seconds_per_image"] > 0 and c["peak_rss_mb"] > 0 and 1.0 <= c["tokens_per_pass"] <= 4.0
+                assert c["forward_passes"] is not None
+    for c in r["quantized"]["int8"]["batch"]["1"]["samplers"].values():
+        assert c["speedup_vs_float"] > 0
+    table = hf_speed.markdown_samplers({"models": {"janus-tiny": r}})
+    assert table.count("| janus-tiny |") == 6  # ar, sjd and pac, in float and int8
+    assert "| janus-tiny | int8 | `pac:window=4,tree_width=2,tree_depth=1` |" in table
+    assert hf_speed.markdown_samplers({"models": {"janus-tiny": {**r, "batch": {"1": {"vgen": {}}},
+                                                                  "quantized": {}}}}) == ""
 
 
 @pytest.mark.slow

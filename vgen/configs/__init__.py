@@ -170,6 +170,8 @@ class BenchSchema:
     hf_grid: Optional[int] = at_least(None, 1)  # tokens per side instead of each shape's grid (Emu3's 90 x 90: slow)
     hf_zoo_models: list[str] = field(default_factory=list)  # transformers zoo models (photos-emu3): samplers side by side
     hf_samplers: list[str] = field(default_factory=lambda: ["ar"])  # their settings ("sjd:window=4", ...)
+    hf_shape_samplers: list[str] = field(default_factory=list)  # samplers run on the shapes (hf_models / hf_cpu_models)
+    #                                  beside ar, in float and each hf_quantize format ("sjd:window=8", ...; no draft)
     hf_zoo_samples: int = at_least(8, 1)  # images per cell (the card's example prompts in turn)
     hf_zoo_generate: bool = True  # also time transformers' own generate on the zoo model (CFG, row ends forced)
 

@@ -81,12 +81,30 @@ def check(cfg) -> list[str]:
     unknown = [s for s in chosen if s not in names()]
     if unknown:
         raise VGenError(f"unknown transformers shapes {unknown}: choose from {', '.join(names())}")
+    shape_samplers(cfg)
     if chosen:
         try:
             import transformers  # noqa: F401
         except ImportError as e:  # pragma: no cover - a dependency
             raise VGenError(f"timing transformers models needs the transformers package: {e}") from e
     return chosen
+
+
+def shape_samplers(cfg) -> list[tuple[str, str, dict]]:
+    """``hf_shape_samplers``, checked before any weights load: (setting, sampler, options) for each sampler run on
+    the shapes beside ``ar`` (random weights: no draft head or draft model exists for them)."""
+    from vgen.eval.bench import parse_variant
+    from vgen.samplers import get_sampler, list_samplers
+    out = []
+    for v in [str(v) for v in (cfg.get("hf_shape_samplers") or [])]:
+        name, opts = parse_variant(v)
+        if name not in list_samplers():
+            raise VGenError(f"hf_shape_samplers: unknown sampler {name!r}: choose from {', '.join(list_samplers())}")
+        if get_sampler(name, **opts).needs_draft:
+            raise VGenError(f"hf_shape_samplers: {name} needs a draft head or model, which the random-weight shapes "
+                            "do not have; time it on a zoo model (hf_zoo_models) instead")
+        out.append((v, name, opts))
+    return out
 
 
 def shape(name: str) -> dict:
@@ -107,12 +125,16 @@ def build(name: str, dtype: torch.dtype, device: torch.device, grid: int | None 
     h, w = s["grid"]
     g = torch.Generator().manual_seed(0)
     if name.startswith("janus"):
-        m = shapes.janus(vocab=s["vocab"], grid=(h, w), **common).to(device=device, dtype=dtype)
+        with torch.device(device):  # initialised where it runs (a 7B model's float32 init on a GPU takes seconds)
+            m = shapes.janus(vocab=s["vocab"], grid=(h, w), **common)
+        m = m.to(device=device, dtype=dtype)
         ids = torch.cat([torch.tensor([[shapes.JANUS_BOS]]), torch.randint(10, 1000, (1, PROMPT_LEN - 2), generator=g),
                          torch.tensor([[shapes.JANUS_BOI]])], 1)
         return m, from_transformers(m), ids.to(device), 5.0, dict(generation_mode="image", guidance_scale=5.0)
     text = s["vocab"] - s["codes"]
-    m = shapes.emu3(text=text, **common).to(device=device, dtype=dtype)
+    with torch.device(device):
+        m = shapes.emu3(text=text, **common)
+    m = m.to(device=device, dtype=dtype)
     ids = torch.cat([torch.tensor([[0]]), torch.randint(10, 1000, (1, PROMPT_LEN - 4), generator=g),
                      torch.tensor([[7, 9, 6]])], 1)
     neg = torch.cat([torch.tensor([[0]]), torch.randint(10, 1000, (1, 6), generator=g), torch.tensor([[7, 9, 6]])], 1)
@@ -158,22 +180,30 @@ def time_pair(m, model, ids, cfg: float, kw: dict, batch: int, repeats: int, war
 
 
 @torch.inference_mode()
-def time_vgen(model, ids, cfg: float, batch: int, repeats: int, warmup: bool = True) -> dict:
-    """Seconds per image of vgen's ar alone at ``batch`` (a quantized copy: ``hf_quantize``)."""
+def time_vgen(model, ids, cfg: float, batch: int, repeats: int, warmup: bool = True, sampler: str = "ar",
+              options: dict | None = None) -> dict:
+    """Seconds per image of one vgen sampler (``ar`` unless ``sampler`` / ``options`` say otherwise) at ``batch``,
+    the peaks of resident and CUDA memory over its runs, and its forward passes and tokens per pass."""
     from vgen.eval.bench import RssPeak
     from vgen.samplers import sample
     x = ids.expand(batch, -1).contiguous()
-    secs = []
+    secs, stats = [], {}
     with RssPeak() as peak:
         for r in range(repeats + int(warmup)):
             _sync(ids.device)
             t0 = time.perf_counter()
-            sample(model, x, "ar", seed=0, cfg_scale=cfg)
+            _, stats = sample(model, x, sampler, seed=0, cfg_scale=cfg, **(options or {}))
             _sync(ids.device)
             if r >= int(warmup):
                 secs.append(time.perf_counter() - t0)
     return {"seconds_per_image": statistics.median(secs) / batch, "peak_rss_mb": peak.peak,
-            "peak_cuda_mb": peak.cuda_peak}
+            "peak_cuda_mb": peak.cuda_peak, "forward_passes": stats.get("forward_passes"),
+            "tokens_per_pass": stats.get("accepted_per_step")}
+
+
+def time_samplers(model, ids, cfg: float, batch: int, repeats: int, warmup: bool, settings) -> dict:
+    """:func:`time_vgen` of each ``hf_shape_samplers`` setting, keyed by the setting as written."""
+    return {v: time_vgen(model, ids, cfg, batch, repeats, warmup, name, opts) for v, name, opts in settings}
 
 
 def run(cfg) -> dict:
@@ -185,6 +215,8 @@ def run(cfg) -> dict:
     device = validate.device(cfg.device)
     dtype = validate.dtype(cfg.get("hf_dtype") or ("bfloat16" if device.type == "cuda" else "float32"))
     repeats = max(1, int(cfg.get("hf_repeats") or 1))
+    warmup = bool(cfg.get("hf_warmup", True))
+    settings = shape_samplers(cfg)
     result: dict = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "models": {}}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
@@ -192,12 +224,14 @@ def run(cfg) -> dict:
         grid = cfg.get("hf_grid")
         m, model, ids, cfg_scale, kw = build(name, dtype, device, grid)
         s = {**shape(name), **({"grid": (int(grid), int(grid))} if grid else {})}
-        result["models"][name] = {
+        batches = [int(b) for b in (cfg.get("hf_batch_sizes") or [1, 8])]
+        entry = result["models"][name] = {
             "params_m": sum(p.numel() for p in m.parameters()) / 1e6, "grid": list(s["grid"]),
             "float_weight_mb": weight_bytes(m) / 2 ** 20,
-            "batch": {str(b): time_pair(m, model, ids, cfg_scale, kw, int(b), repeats,
-                                                  bool(cfg.get("hf_warmup", True)))
-                      for b in (cfg.get("hf_batch_sizes") or [1, 8])}}
+            "batch": {str(b): time_pair(m, model, ids, cfg_scale, kw, b, repeats, warmup) for b in batches}}
+        if settings:  # the other samplers on the float model, beside its ar
+            for b in batches:
+                entry["batch"][str(b)]["samplers"] = time_samplers(model, ids, cfg_scale, b, repeats, warmup, settings)
         del m, model
         free_memory()
         for mode in cfg.get("hf_quantize") or []:  # the same random weights (seeded), the decoder quantized
@@ -207,10 +241,14 @@ def run(cfg) -> dict:
             free_memory()  # the float layers just replaced
             row = result["models"][name].setdefault("quantized", {})[str(mode)] = {
                 **info, "float_weight_bytes": full, "weight_bytes": weight_bytes(m), "batch": {}}
-            for b in (cfg.get("hf_batch_sizes") or [1, 8]):
-                t = time_vgen(model, ids, cfg_scale, int(b), repeats, bool(cfg.get("hf_warmup", True)))
-                t["speedup_vs_float"] = (result["models"][name]["batch"][str(b)]["vgen"]["seconds_per_image"]
-                                         / t["seconds_per_image"])
+            for b in batches:
+                t = time_vgen(model, ids, cfg_scale, b, repeats, warmup)
+                t["speedup_vs_float"] = entry["batch"][str(b)]["vgen"]["seconds_per_image"] / t["seconds_per_image"]
+                if settings:
+                    t["samplers"] = time_samplers(model, ids, cfg_scale, b, repeats, warmup, settings)
+                    for v, e in t["samplers"].items():
+                        e["speedup_vs_float"] = (entry["batch"][str(b)]["samplers"][v]["seconds_per_image"]
+                                                 / e["seconds_per_image"])
                 row["batch"][str(b)] = t
             del m, model
             free_memory()
@@ -337,4 +375,40 @@ def markdown(result: dict) -> str:
         lines += [f"| {n} | {mode} | {q['weight_bytes'] / 2 ** 20:.0f} | " + " | ".join(
             f"{q['batch'][b]['seconds_per_image']:.2f} ({q['batch'][b]['speedup_vs_float']:.2f}x), "
             f"{q['batch'][b]['peak_rss_mb']:.0f}" for b in batches if b in q["batch"]) + " |" for n, mode, q in quant]
+    more = markdown_samplers(result)
+    return "\n".join(lines + (["", more] if more else []))
+
+
+def markdown_samplers(result: dict) -> str:
+    """The ``hf_shape_samplers`` table: each shape, weight format and sampler (``ar`` first) per batch size: seconds
+    per image (x the float model's same sampler), tokens per pass, peak memory (CUDA's allocator on a GPU, else the
+    process's resident set). Empty when the run had none."""
+    rows = []
+    for n, e in result["models"].items():
+        formats = [("float", e["batch"], False)] + [(mode, q["batch"], True) for mode, q in
+                                                     (e.get("quantized") or {}).items()]
+        for fmt, by_b, quantized in formats:
+            if not any("samplers" in c for c in by_b.values()):
+                continue
+            settings = ["ar", *next(c["samplers"] for c in by_b.values() if "samplers" in c)]
+            rows += [(n, fmt, v, {b: (c if quantized else c["vgen"]) if v == "ar" else c["samplers"].get(v)
+                                  for b, c in by_b.items()}) for v in settings]
+    if not rows:
+        return ""
+    batches = list(rows[0][3])
+    lines = ["| model (random weights) | weights | sampler | " + " | ".join(
+        f"batch {b}: s per image (x float), tokens per pass, peak MB" for b in batches) + " |",
+        "|---|---|---|" + "---|" * len(batches)]
+    for n, fmt, v, by_b in rows:
+        out = []
+        for b in batches:
+            c = by_b.get(b)
+            if not c:
+                out.append("")
+                continue
+            peak = c.get("peak_cuda_mb") if c.get("peak_cuda_mb") is not None else c.get("peak_rss_mb")
+            x = c.get("speedup_vs_float")
+            out.append(f"{c['seconds_per_image']:.2f}" + (f" ({x:.2f}x)" if x else "")
+                       + f", {c.get('tokens_per_pass') or 1.0:.2f}, {peak or 0:.0f}")
+        lines.append(f"| {n} | {fmt} | `{v}` | " + " | ".join(out) + " |")
     return "\n".join(lines)
