@@ -202,8 +202,11 @@ def time_vgen(model, ids, cfg: float, batch: int, repeats: int, warmup: bool = T
 
 
 def time_samplers(model, ids, cfg: float, batch: int, repeats: int, warmup: bool, settings) -> dict:
-    """:func:`time_vgen` of each ``hf_shape_samplers`` setting, keyed by the setting as written."""
-    return {v: time_vgen(model, ids, cfg, batch, repeats, warmup, name, opts) for v, name, opts in settings}
+    """:func:`time_vgen` of each ``hf_shape_samplers`` setting, keyed by the setting as written; ``window=auto``
+    decides as for a large job (its widths timed in the first run: keep ``hf_warmup`` on to leave that out)."""
+    from vgen.samplers.speculative.widths import time_any_job
+    with time_any_job():
+        return {v: time_vgen(model, ids, cfg, batch, repeats, warmup, name, opts) for v, name, opts in settings}
 
 
 def run(cfg) -> dict:
