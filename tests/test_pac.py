@@ -25,15 +25,17 @@ def joints(micro_gpt):
     pytest.param(3, 3, 2, True, "random", "main", marks=pytest.mark.slow),
     pytest.param(4, 3, 1, True, "sample", "main", marks=pytest.mark.slow),
     pytest.param(3, 2, 2, True, "horizontal", "main", marks=pytest.mark.slow),
-    pytest.param(4, 2, 1, True, "random", "leaves", marks=pytest.mark.slow)])
+    pytest.param(4, 2, 1, True, "random", "leaves", marks=pytest.mark.slow),
+    pytest.param(4, 3, 1, True, "random", "leaves:1", marks=pytest.mark.slow)])
 def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, chains):
     """Lossless: 10k batched pac samples (trees, siblings drawn without replacement, the continuation on and off,
-    drafts from several inits, a chain after the main path or after every leaf; CFG, top-k and temperature on)
-    follow the enumerated joint; the same counts reject the unguided one and one a tenth of the way to it (power),
-    and no zero-probability image appears."""
+    drafts from several inits, a chain after the main path or after every leaf, the leaves' chains cut short by
+    ``leaf_chain``; CFG, top-k and temperature on) follow the enumerated joint; the same counts reject the unguided
+    one and one a tenth of the way to it (power), and no zero-probability image appears."""
     joint, unguided = joints
+    chains, _, cap = chains.partition(":")
     tokens, st = sample(micro_gpt, [1] * N, "pac", seed=0, window=window, tree_width=width, tree_depth=depth,
-                        continuation=continuation, init=init, chains=chains, **OPTS)
+                        continuation=continuation, init=init, chains=chains, leaf_chain=int(cap or 0), **OPTS)
     counts = counts_of(tokens, 4)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, unguided) < 1e-6 and chi2_p(counts, toward(joint, unguided)) < 1e-6
@@ -58,6 +60,9 @@ def test_the_tree_is_the_branches_then_the_main_path(micro_gpt):
     assert pac_paths(4, 2, 2) == ((0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1), (0, 0, 0))
     assert pac_paths(2, 3, 2) == ((0,), (1,), (2,))  # the tree never branches past the window
     assert pac_paths(4, 2, 1, "leaves") == ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (1, 0, 0))  # a chain per leaf
+    assert pac_paths(4, 2, 1, "leaves", 1) == ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # the other leaves' cut short
+    assert pac_paths(4, 2, 1, "main", 1) == pac_paths(4, 2, 1)  # leaf_chain only shortens the leaves' own chains
+    assert len(pac_paths(32, 32, 1, "leaves", 6)) == 32 + 31 * 6 + 30
     with pytest.raises(VGenError, match="tree_width and tree_depth must be >= 1"):
         sample(micro_gpt, [0], "pac", tree_width=0)
 
@@ -74,6 +79,11 @@ def test_trees_parse_and_refuse_bad_ones(micro_gpt):
     from vgen.samplers.pac import PacOptions
     with pytest.raises(VGenError, match="a tree of width 6 and depth 1 with chains=leaves at window 128 has 762 nod"):
         PacOptions(window=128, tree_width=6, tree_depth=1, chains="leaves").validate()
+    PacOptions(window=128, tree_width=6, tree_depth=1, chains="leaves", leaf_chain=8).validate()  # 6 + 5 * 8 + 126
+    with pytest.raises(VGenError, match="width 64 and depth 1 with chains=leaves, leaf_chain=8 at window 32 has 598 "):
+        PacOptions(window=32, tree_width=64, tree_depth=1, chains="leaves", leaf_chain=8).validate()
+    with pytest.raises(VGenError, match="leaf_chain must be >= 0"):
+        PacOptions(leaf_chain=-1).validate()
 
 
 def test_timed_choice_takes_a_tree_among_widths():

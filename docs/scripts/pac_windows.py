@@ -1,7 +1,8 @@
 """Tokens per pass and the share of one-token passes of sjd, scd (gumbel and maximal coupling) and pac trees at fixed
 windows, N samples in one batch, eager, seeds 0..N-1, the card's example conditions:
 `python docs/scripts/pac_windows.py photos-gpt [--windows 16,32] [--trees 3x2,4x2] [--n 8] [--no-baselines]
-[--out FILE.json]`. A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``). ``--out`` writes
+[--out FILE.json]`. A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``); L and a number
+(``32x1L6``) caps the chains off the main path at that many drafts (``leaf_chain``). ``--out`` writes
 this run's cells into FILE.json (rendered by render_tables.py's ``pac-windows``; a cell of the same model, window,
 sampler and options is replaced, the others kept), with the machine and commit; ``--no-baselines`` runs the trees
 only (sjd and scd's cells already in FILE.json stay)."""
@@ -31,9 +32,10 @@ if a.out and os.path.exists(a.out) and "samples" not in json.load(open(a.out)):
 pipe = vgen.load_pipeline(a.model)
 runs = [] if a.no_baselines else [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
 for t in a.trees.split(","):
-    width, depth = t.upper().rstrip("L").split("X")
-    runs.append(("pac", {"tree_width": int(width), "tree_depth": int(depth),
-                         "chains": "leaves" if t.upper().endswith("L") else "main"}))
+    tree, leaves, cap = t.upper().partition("L")
+    width, depth = tree.split("X")
+    o = {"tree_width": int(width), "tree_depth": int(depth), "chains": "leaves" if leaves else "main"}
+    runs.append(("pac", {**o, "leaf_chain": int(cap)} if cap else o))
 cond = pipe.encode(examples(pipe.card, a.n))
 rows = []
 for w in (int(x) for x in a.windows.split(",")):

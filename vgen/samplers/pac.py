@@ -48,6 +48,9 @@ class PacOptions(SpeculativeOptions):
     chains: str = option("main", "which leaves the chain to window-1 drafts hangs from: main (the first candidate's "
                          "path, the official tree) or leaves (every leaf: a pass that accepts a later sibling goes on "
                          "down its own chain, at the cost of one row per leaf and draft)", choices=("main", "leaves"))
+    leaf_chain: int = option(0, "chains=leaves: drafts on the chain of each leaf off the main path (0: out to the "
+                             "window, as the main path's); a pass that accepts a later sibling mostly ends within a "
+                             "few of them, so a short chain keeps most of their gain at far fewer rows")
     continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
                                 "coupling); false: fresh draws (the ablation)")
     init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
@@ -57,13 +60,19 @@ class PacOptions(SpeculativeOptions):
         super().validate(spec)
         if self.tree_width < 1 or self.tree_depth < 1:
             raise VGenError(f"tree_width and tree_depth must be >= 1, got {self.tree_width} and {self.tree_depth}")
+        if self.leaf_chain < 0:
+            raise VGenError(f"leaf_chain must be >= 0 (0: the leaves' chains run out to the window), got "
+                            f"{self.leaf_chain}")
         window = self.window if self.window != "auto" else self.max_window
         for width, depth in [(self.tree_width, self.tree_depth), *map(parse_tree, tree_list(self.trees))]:
-            nodes = len(pac_paths(window, width, depth, self.chains))
+            nodes = len(pac_paths(window, width, depth, self.chains, self.leaf_chain))
             if nodes > MAX_NODES:
-                raise VGenError(f"a tree of width {width} and depth {depth} with chains={self.chains} at window "
+                raise VGenError(f"a tree of width {width} and depth {depth} with chains={self.chains}"
+                                + (f", leaf_chain={self.leaf_chain}" if self.chains == "leaves" and self.leaf_chain
+                                   else "") + f" at window "
                                 f"{window} has {nodes} nodes: one pass would feed them all; use a narrower or "
-                                f"shallower tree, a shorter window or chains=main (<= {MAX_NODES} nodes)")
+                                f"shallower tree, a shorter window or leaf_chain, or chains=main (<= {MAX_NODES} "
+                                "nodes)")
         check_init(self.init, spec)
 
 
@@ -86,15 +95,17 @@ def parse_tree(text: str) -> tuple[int, int]:
     return width, depth
 
 
-def pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str = "main") -> PacTables:
+def pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str = "main",
+               leaf_chain: int = 0) -> PacTables:
     """A tree's tables, once per shape and device (the same tensors at every run: on CUDA static addresses, so the
     recorded graphs replay). Read-only."""
-    return static_all(_pac_tables(window, width, depth, torch.device(device), chains))
+    return static_all(_pac_tables(window, width, depth, torch.device(device), chains, leaf_chain))
 
 
 @functools.lru_cache(maxsize=32)
-def _pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str) -> PacTables:
-    return PacTables(static_tree(pac_paths(window, width, depth, chains), device), width, depth, device)
+def _pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str,
+                leaf_chain: int) -> PacTables:
+    return PacTables(static_tree(pac_paths(window, width, depth, chains, leaf_chain), device), width, depth, device)
 
 
 @register_sampler
@@ -106,7 +117,8 @@ class PacSampler(SpeculativeSampler):
 
     def tables(self, model, window: int) -> PacTables:
         o = self.options
-        return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device, o.chains)
+        return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device, o.chains,
+                          o.leaf_chain)
 
     def step_config(self, model, widest: int) -> StepConfig:
         t = self.tables(model, widest)

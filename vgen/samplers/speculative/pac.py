@@ -5,7 +5,8 @@ drawn given the rejected token), and the next pass starts over with one chain. H
 tree instead (:mod:`vgen.kernels.tree`): at each of the first ``tree_depth`` positions after the decided prefix it
 holds ``tree_width`` candidates (the children of every node one level up), then one chain (rank 0) out to the
 window: after the first candidates' path (``chains='main'``, the official tree) or after every leaf (``'leaves'``,
-vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts). The
+vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts; ``leaf_chain``
+caps the other leaves' chains, where a wide first level would otherwise cost a full chain per candidate). The
 candidates of a position are drawn, with no extra forward pass, from the distribution the last pass computed there
 (stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that distribution with
 candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
@@ -46,15 +47,21 @@ from vgen.samplers.speculative.step import (
 )
 
 
-def pac_paths(window: int, width: int, depth: int, chains: str = "main") -> tuple[tuple[int, ...], ...]:
+def pac_paths(window: int, width: int, depth: int, chains: str = "main",
+              leaf_chain: int = 0) -> tuple[tuple[int, ...], ...]:
     """The tree: every path of ranks < ``width`` up to ``depth``, then a chain (ranks 0) out to ``window - 1``
-    drafts: after the main path only (``chains='main'``, the official tree) or after every leaf (``'leaves'``)."""
+    drafts: after the main path only (``chains='main'``, the official tree) or after every leaf (``'leaves'``; the
+    chains of the leaves other than the main path's hold at most ``leaf_chain`` drafts, 0: out to the window too)."""
     level, paths = [()], []
     for _ in range(min(depth, window - 1)):
         level = [p + (r,) for p in level for r in range(width)]
         paths += level
     leaves = level if chains == "leaves" else [level[0]]
-    paths += [leaf + (0,) * d for leaf in leaves for d in range(1, window - len(leaf))]
+
+    def drafts(leaf: tuple[int, ...]) -> int:  # the chain's drafts after a leaf
+        full = window - 1 - len(leaf)
+        return full if leaf == level[0] or not leaf_chain else min(full, leaf_chain)
+    paths += [leaf + (0,) * d for leaf in leaves for d in range(1, drafts(leaf) + 1)]
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
