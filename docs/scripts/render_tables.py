@@ -420,7 +420,9 @@ def _pac_label(r: dict) -> str:
     o = r["options"]
     if r["sampler"] != "pac":
         return f"`{r['sampler']}`" + "".join(f" {k}={v}" for k, v in o.items())
-    return f"`pac` {o['tree_width']}x{o['tree_depth']}" + (" leaves" if o.get("chains") == "leaves" else "")
+    leaves = o.get("chains") == "leaves"
+    return f"`pac` {o['tree_width']}x{o['tree_depth']}" + (" leaves" if leaves else "") + (
+        f" leaf_chain={o['leaf_chain']}" if leaves and o.get("leaf_chain") else "")
 
 
 def pac_windows(reps: list[dict], files: list[str]) -> str:
