@@ -84,6 +84,9 @@ def test_trees_parse_and_refuse_bad_ones(micro_gpt):
         PacOptions(window=32, tree_width=64, tree_depth=1, chains="leaves", leaf_chain=8).validate()
     with pytest.raises(VGenError, match="leaf_chain must be >= 0"):
         PacOptions(leaf_chain=-1).validate()
+    with pytest.raises(VGenError, match="leaf_chain=4 caps the chains on the leaves off the main path: it needs "
+                       "chains=leaves"):
+        PacOptions(leaf_chain=4).validate()
 
 
 def test_timed_choice_takes_a_tree_among_widths():

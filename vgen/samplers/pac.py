@@ -63,13 +63,15 @@ class PacOptions(SpeculativeOptions):
         if self.leaf_chain < 0:
             raise VGenError(f"leaf_chain must be >= 0 (0: the leaves' chains run out to the window), got "
                             f"{self.leaf_chain}")
+        if self.leaf_chain and self.chains != "leaves":
+            raise VGenError(f"leaf_chain={self.leaf_chain} caps the chains on the leaves off the main path: it needs "
+                            "chains=leaves (with chains=main no leaf but the main path's carries a chain)")
         window = self.window if self.window != "auto" else self.max_window
         for width, depth in [(self.tree_width, self.tree_depth), *map(parse_tree, tree_list(self.trees))]:
             nodes = len(pac_paths(window, width, depth, self.chains, self.leaf_chain))
             if nodes > MAX_NODES:
                 raise VGenError(f"a tree of width {width} and depth {depth} with chains={self.chains}"
-                                + (f", leaf_chain={self.leaf_chain}" if self.chains == "leaves" and self.leaf_chain
-                                   else "") + f" at window "
+                                + (f", leaf_chain={self.leaf_chain}" if self.leaf_chain else "") + " at window "
                                 f"{window} has {nodes} nodes: one pass would feed them all; use a narrower or "
                                 f"shallower tree, a shorter window or leaf_chain, or chains=main (<= {MAX_NODES} "
                                 "nodes)")
