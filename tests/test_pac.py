@@ -26,16 +26,20 @@ def joints(micro_gpt):
     pytest.param(4, 3, 1, True, "sample", "main", marks=pytest.mark.slow),
     pytest.param(3, 2, 2, True, "horizontal", "main", marks=pytest.mark.slow),
     pytest.param(4, 2, 1, True, "random", "leaves", marks=pytest.mark.slow),
-    pytest.param(4, 3, 1, True, "random", "leaves:1", marks=pytest.mark.slow)])
+    pytest.param(4, 3, 1, True, "random", "leaves:1", marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, True, "random", "main:0:2:1", marks=pytest.mark.slow)])
 def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, chains):
     """Lossless: 10k batched pac samples (trees, siblings drawn without replacement, the continuation on and off,
     drafts from several inits, a chain after the main path or after every leaf, the leaves' chains cut short by
-    ``leaf_chain``; CFG, top-k and temperature on) follow the enumerated joint; the same counts reject the unguided
-    one and one a tenth of the way to it (power), and no zero-probability image appears."""
+    ``leaf_chain``, siblings on the main chain (``spine``) with chains; CFG, top-k and temperature on) follow the
+    enumerated joint; the same counts reject the unguided one and one a tenth of the way to it (power), and no
+    zero-probability image appears."""
     joint, unguided = joints
-    chains, _, cap = chains.partition(":")
+    chains, *more = chains.split(":")  # chains[:leaf_chain[:spine:spine_chain]]
+    cap, spine, spine_chain = (list(map(int, more)) + [0, 1, 0][len(more):])
     tokens, st = sample(micro_gpt, [1] * N, "pac", seed=0, window=window, tree_width=width, tree_depth=depth,
-                        continuation=continuation, init=init, chains=chains, leaf_chain=int(cap or 0), **OPTS)
+                        continuation=continuation, init=init, chains=chains, leaf_chain=cap, spine=spine,
+                        spine_chain=spine_chain, **OPTS)
     counts = counts_of(tokens, 4)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, unguided) < 1e-6 and chi2_p(counts, toward(joint, unguided)) < 1e-6
@@ -63,6 +67,9 @@ def test_the_tree_is_the_branches_then_the_main_path(micro_gpt):
     assert pac_paths(4, 2, 1, "leaves", 1) == ((0,), (1,), (0, 0), (1, 0), (0, 0, 0))  # the other leaves' cut short
     assert pac_paths(4, 2, 1, "main", 1) == pac_paths(4, 2, 1)  # leaf_chain only shortens the leaves' own chains
     assert len(pac_paths(32, 32, 1, "leaves", 6)) == 32 + 31 * 6 + 30
+    # spine: a sibling (with a chain of spine_chain drafts) beside each rank-0 draft of the main chain
+    assert pac_paths(4, 2, 1, "main", 0, 2, 1) == ((0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1), (0, 1, 0))
+    assert len(pac_paths(32, 32, 1, "leaves", 10, 2, 3)) == 32 + 31 * 10 + 30 + 30 * 1 + 27 * 3 + 2 + 1
     with pytest.raises(VGenError, match="tree_width and tree_depth must be >= 1"):
         sample(micro_gpt, [0], "pac", tree_width=0)
 
@@ -87,6 +94,14 @@ def test_trees_parse_and_refuse_bad_ones(micro_gpt):
     with pytest.raises(VGenError, match="leaf_chain=4 caps the chains on the leaves off the main path: it needs "
                        "chains=leaves"):
         PacOptions(leaf_chain=4).validate()
+    with pytest.raises(VGenError, match="spine must be >= 1"):
+        PacOptions(spine=0).validate()
+    with pytest.raises(VGenError, match="spine_chain=2 is the chain after each sibling on the main path: it needs "
+                       "spine >= 2"):
+        PacOptions(spine_chain=2).validate()
+    with pytest.raises(VGenError, match="leaf_chain=10, spine=3, spine_chain=3 at window 32 has 600 nodes"):
+        PacOptions(window=32, tree_width=32, tree_depth=1, chains="leaves", leaf_chain=10, spine=3,
+                   spine_chain=3).validate()
 
 
 def test_timed_choice_takes_a_tree_among_widths():
@@ -120,19 +135,21 @@ def test_window_auto_times_the_narrower_trees_and_runs_the_chosen_one(tiny_gpt, 
     assert st["window_rule"] == "cached" and st["forward_passes"] == st_fixed["forward_passes"]
 
 
-def test_each_candidate_follows_the_proposal_it_is_verified_with():
+@pytest.mark.parametrize("paths", [pac_paths(4, 3, 2), pac_paths(5, 3, 1, "main", 0, 2, 1)])
+def test_each_candidate_follows_the_proposal_it_is_verified_with(paths):
     """The verification is exact only if each node's token follows the proposal handed to it: averaged over draws,
     a node's token frequencies equal its proposals' mean (siblings drawn without replacement: rank r's proposal
-    depends on ranks 0..r-1), a token with no mass is never a candidate, and siblings never repeat."""
+    depends on ranks 0..r-1), a token with no mass is never a candidate, and siblings never repeat; columns of
+    different widths (a spine's) alike."""
     from vgen.kernels.tree import static_tree
     from vgen.samplers.speculative.pac import PacTables, candidates
     torch.manual_seed(0)
-    t = PacTables(static_tree(pac_paths(4, 3, 2), "cpu"), 3, 2, "cpu")
+    t = PacTables(static_tree(paths, "cpu"), "cpu")
     B, V, J = 40_000, 5, t.columns
     base = torch.softmax(2 * torch.randn(1, J, V), -1) * (torch.arange(V) != 4)  # token 4: no mass
     base = (base / base.sum(-1, keepdim=True)).expand(B, J, V)
     rank0 = torch.multinomial(base[0], B, replacement=True).T  # (B, J): rank 0 follows base
-    toks, props = candidates(base, rank0, torch.rand(B, (t.width - 1) * t.branched), t)
+    toks, props = candidates(base, rank0, torch.rand(B, t.rank_uniforms), t)
     freq = torch.nn.functional.one_hot(toks, V).float().mean(0)  # (N, V)
     assert (freq - props.mean(0)).abs().max() < 0.01  # 40k draws: a frequency's standard error is under 0.0025
     assert freq[:, 4].sum() == 0

@@ -51,6 +51,9 @@ class PacOptions(SpeculativeOptions):
     leaf_chain: int = option(0, "chains=leaves: drafts on the chain of each leaf off the main path (0: out to the "
                              "window, as the main path's); a pass that accepts a later sibling mostly ends within a "
                              "few of them, so a short chain keeps most of their gain at far fewer rows")
+    spine: int = option(1, "candidates at each position of the main path's chain past the tree (1: its draft alone): "
+                        "a pass whose chain is rejected there can still accept a sibling")
+    spine_chain: int = option(0, "drafts on the chain after each of spine's siblings")
     continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
                                 "coupling); false: fresh draws (the ablation)")
     init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
@@ -63,17 +66,25 @@ class PacOptions(SpeculativeOptions):
         if self.leaf_chain < 0:
             raise VGenError(f"leaf_chain must be >= 0 (0: the leaves' chains run out to the window), got "
                             f"{self.leaf_chain}")
+        if self.spine < 1 or self.spine_chain < 0:
+            raise VGenError(f"spine must be >= 1 (1: the main chain without siblings) and spine_chain >= 0, got "
+                            f"{self.spine} and {self.spine_chain}")
+        if self.spine_chain and self.spine == 1:
+            raise VGenError(f"spine_chain={self.spine_chain} is the chain after each sibling on the main path: it "
+                            "needs spine >= 2 (with spine=1 there are none)")
         if self.leaf_chain and self.chains != "leaves":
             raise VGenError(f"leaf_chain={self.leaf_chain} caps the chains on the leaves off the main path: it needs "
                             "chains=leaves (with chains=main no leaf but the main path's carries a chain)")
         window = self.window if self.window != "auto" else self.max_window
         for width, depth in [(self.tree_width, self.tree_depth), *map(parse_tree, tree_list(self.trees))]:
-            nodes = len(pac_paths(window, width, depth, self.chains, self.leaf_chain))
+            nodes = len(pac_paths(window, width, depth, self.chains, self.leaf_chain, self.spine, self.spine_chain))
             if nodes > MAX_NODES:
                 raise VGenError(f"a tree of width {width} and depth {depth} with chains={self.chains}"
-                                + (f", leaf_chain={self.leaf_chain}" if self.leaf_chain else "") + " at window "
+                                + (f", leaf_chain={self.leaf_chain}" if self.leaf_chain else "")
+                                + (f", spine={self.spine}, spine_chain={self.spine_chain}" if self.spine > 1 else "")
+                                + " at window "
                                 f"{window} has {nodes} nodes: one pass would feed them all; use a narrower or "
-                                f"shallower tree, a shorter window or leaf_chain, or chains=main (<= {MAX_NODES} "
+                                f"shallower tree, a shorter window or leaf_chain, chains=main or a narrower spine (<= {MAX_NODES} "
                                 "nodes)")
         check_init(self.init, spec)
 
@@ -98,16 +109,17 @@ def parse_tree(text: str) -> tuple[int, int]:
 
 
 def pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str = "main",
-               leaf_chain: int = 0) -> PacTables:
+               leaf_chain: int = 0, spine: int = 1, spine_chain: int = 0) -> PacTables:
     """A tree's tables, once per shape and device (the same tensors at every run: on CUDA static addresses, so the
     recorded graphs replay). Read-only."""
-    return static_all(_pac_tables(window, width, depth, torch.device(device), chains, leaf_chain))
+    return static_all(_pac_tables(window, width, depth, torch.device(device), chains, leaf_chain, spine, spine_chain))
 
 
 @functools.lru_cache(maxsize=32)
-def _pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str,
-                leaf_chain: int) -> PacTables:
-    return PacTables(static_tree(pac_paths(window, width, depth, chains, leaf_chain), device), width, depth, device)
+def _pac_tables(window: int, width: int, depth: int, device: torch.device, chains: str, leaf_chain: int, spine: int,
+                spine_chain: int) -> PacTables:
+    return PacTables(static_tree(pac_paths(window, width, depth, chains, leaf_chain, spine, spine_chain), device),
+                     device)
 
 
 @register_sampler
@@ -120,7 +132,7 @@ class PacSampler(SpeculativeSampler):
     def tables(self, model, window: int) -> PacTables:
         o = self.options
         return pac_tables(window, o.tree_width, o.tree_depth, next(model.parameters()).device, o.chains,
-                          o.leaf_chain)
+                          o.leaf_chain, o.spine, o.spine_chain)
 
     def step_config(self, model, widest: int) -> StepConfig:
         t = self.tables(model, widest)

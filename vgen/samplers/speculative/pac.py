@@ -47,11 +47,13 @@ from vgen.samplers.speculative.step import (
 )
 
 
-def pac_paths(window: int, width: int, depth: int, chains: str = "main",
-              leaf_chain: int = 0) -> tuple[tuple[int, ...], ...]:
+def pac_paths(window: int, width: int, depth: int, chains: str = "main", leaf_chain: int = 0, spine: int = 1,
+              spine_chain: int = 0) -> tuple[tuple[int, ...], ...]:
     """The tree: every path of ranks < ``width`` up to ``depth``, then a chain (ranks 0) out to ``window - 1``
     drafts: after the main path only (``chains='main'``, the official tree) or after every leaf (``'leaves'``; the
-    chains of the leaves other than the main path's hold at most ``leaf_chain`` drafts, 0: out to the window too)."""
+    chains of the leaves other than the main path's hold at most ``leaf_chain`` drafts, 0: out to the window too).
+    ``spine`` > 1: every position of the main path's chain (past ``depth``) also holds ``spine - 1`` siblings of its
+    rank-0 draft, each with a chain of ``spine_chain`` drafts."""
     level, paths = [()], []
     for _ in range(min(depth, window - 1)):
         level = [p + (r,) for p in level for r in range(width)]
@@ -62,21 +64,27 @@ def pac_paths(window: int, width: int, depth: int, chains: str = "main",
         full = window - 1 - len(leaf)
         return full if leaf == level[0] or not leaf_chain else min(full, leaf_chain)
     paths += [leaf + (0,) * d for leaf in leaves for d in range(1, drafts(leaf) + 1)]
+    for d in range(len(level[0]) + 1, window):  # the main chain's positions: siblings of its rank-0 drafts
+        for r in range(1, spine):
+            side = (0,) * (d - 1) + (r,)
+            paths += [side + (0,) * c for c in range(min(spine_chain, window - 1 - d) + 1)]
     return tuple(sorted(paths, key=lambda p: (len(p), p)))
 
 
 class PacTables:
-    """A tree's index tables for drafting: each node's column (depth - 1) and rank, and the node that continues a
-    decided path at every later depth."""
+    """A tree's index tables for drafting: each node's column (depth - 1) and rank, the candidates of every column
+    (``widths``), and the node that continues a decided path at every later depth."""
 
-    def __init__(self, tree: StaticTree, width: int, depth: int, device):
+    def __init__(self, tree: StaticTree, device):
         paths = tree.paths
         index = {p: i + 1 for i, p in enumerate(paths)}
-        self.tree, self.width, self.depth, self.columns = tree, width, depth, tree.depth_max
+        self.tree, self.columns = tree, tree.depth_max
         self.col = torch.tensor([len(p) - 1 for p in paths], device=device)
         self.rank = torch.tensor([p[-1] for p in paths], device=device)
+        self.widths = tuple(1 + max(p[-1] for p in paths if len(p) == j + 1) for j in range(tree.depth_max))
+        self.width = max(self.widths)
+        self.rank_uniforms = sum(w - 1 for w in self.widths)  # one per candidate past rank 0
         main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
-        self.branched = min(depth, tree.depth_max)  # the columns with ``width`` candidates
         # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
         # descendants while they last, then the main path
         first = [0] + [index.get(p + (0,), 0) for p in paths]
@@ -91,20 +99,21 @@ class PacTables:
 
 def candidates(base: torch.Tensor, rank0: torch.Tensor, u: torch.Tensor, t: PacTables):
     """Node tokens (B, N) and proposals (B, N, V) of a tree whose column j's candidate 0 is ``rank0[:, j]``, drawn from
-    ``base[:, j]`` (B, J, V), and whose other candidates at the branched columns are drawn without replacement from
-    it, in rank order, with uniforms ``u`` (B, >= (width - 1) * branched)."""
+    ``base[:, j]`` (B, J, V), and whose other ``t.widths[j] - 1`` candidates are drawn without replacement from it,
+    in rank order, with uniforms ``u`` (B, >= t.rank_uniforms), column by column."""
     B, J, V = base.shape
-    W, K = t.width, t.branched
-    toks = rank0[:, :, None].expand(B, J, W).clone()  # chain columns: rank 0 only
+    W = t.width
+    toks = rank0[:, :, None].expand(B, J, W).clone()  # ranks past a column's width: never a node's
     props = base[:, :, None].expand(B, J, W, V).clone()
-    for j in range(K):
-        left = base[:, j].clone()
-        for r in range(W):
-            if r:
-                left.scatter_(1, toks[:, j, r - 1:r], 0.0)  # without replacement: the earlier candidates are gone
-                mass = left.sum(-1, keepdim=True)
-                props[:, j, r] = torch.where(mass > 0, left / mass.clamp_min(1e-30), torch.zeros_like(left))
-                toks[:, j, r] = sample_from_probs(torch.where(mass > 0, left, base[:, j]), u[:, j * (W - 1) + r - 1])
+    at = 0  # the next uniform
+    for j, w in enumerate(t.widths):
+        left = base[:, j].clone() if w > 1 else None
+        for r in range(1, w):
+            left.scatter_(1, toks[:, j, r - 1:r], 0.0)  # without replacement: the earlier candidates are gone
+            mass = left.sum(-1, keepdim=True)
+            props[:, j, r] = torch.where(mass > 0, left / mass.clamp_min(1e-30), torch.zeros_like(left))
+            toks[:, j, r] = sample_from_probs(torch.where(mass > 0, left, base[:, j]), u[:, at])
+            at += 1
     flat = t.col * W + t.rank  # each node's (column, rank)
     return toks.flatten(1)[:, flat], props.flatten(1, 2)[:, flat]
 
@@ -156,7 +165,7 @@ class PacTree(Chain):
         keep_path(model, cache, n, path, c, tree)
         ex = us[4]
         keep_u, redraw_u = ex[:, :J], ex[:, J:2 * J]
-        rank_u, fresh_u = ex[:, 2 * J:2 * J + (tables.width - 1) * tables.branched], ex[:, -(J + 1):]
+        rank_u, fresh_u = ex[:, 2 * J:2 * J + tables.rank_uniforms], ex[:, -(J + 1):]
         # the node continuing the decided path at every depth d = 1..J (path, then rank 0, then the main path)
         end = torch.where(k > 0, path.gather(1, (k - 1).clamp_min(0)[:, None]).squeeze(1), 0)
         d = torch.arange(1, J + 1, device=dev)
@@ -197,7 +206,7 @@ class PacTree(Chain):
 
     @staticmethod
     def extra_uniforms(tables: PacTables) -> int:
-        return 3 * tables.columns + 1 + (tables.width - 1) * tables.branched
+        return 3 * tables.columns + 1 + tables.rank_uniforms
 
     def new_cache(self, model, rows: int):
         return model.new_cache(rows, max_len=model.cond_len + model.seq_len + self.tables.tree.size)  # + scratch
