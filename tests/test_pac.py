@@ -20,26 +20,24 @@ def joints(micro_gpt):
     return joint.numpy(), unguided.numpy()
 
 
-@pytest.mark.parametrize("window,width,depth,continuation,init,chains", [
-    (3, 2, 1, True, "random", "main"), pytest.param(4, 2, 2, False, "random", "main", marks=pytest.mark.slow),
-    pytest.param(3, 3, 2, True, "random", "main", marks=pytest.mark.slow),
-    pytest.param(4, 3, 1, True, "sample", "main", marks=pytest.mark.slow),
-    pytest.param(3, 2, 2, True, "horizontal", "main", marks=pytest.mark.slow),
-    pytest.param(4, 2, 1, True, "random", "leaves", marks=pytest.mark.slow),
-    pytest.param(4, 3, 1, True, "random", "leaves:1", marks=pytest.mark.slow),
-    pytest.param(4, 2, 1, True, "random", "main:0:2:1", marks=pytest.mark.slow)])
-def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, chains):
+@pytest.mark.parametrize("window,width,depth,continuation,init,more", [
+    (3, 2, 1, True, "random", {}), pytest.param(4, 2, 2, False, "random", {}, marks=pytest.mark.slow),
+    pytest.param(3, 3, 2, True, "random", {}, marks=pytest.mark.slow),
+    pytest.param(4, 3, 1, True, "sample", {}, marks=pytest.mark.slow),
+    pytest.param(3, 2, 2, True, "horizontal", {}, marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, True, "random", {"chains": "leaves"}, marks=pytest.mark.slow),
+    pytest.param(4, 3, 1, True, "random", {"chains": "leaves", "leaf_chain": 1}, marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, True, "random", {"spine": 2, "spine_chain": 1}, marks=pytest.mark.slow)],
+    ids=lambda v: ("-".join(f"{k}={x}" for k, x in v.items()) or "default") if isinstance(v, dict) else None)
+def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, more):
     """Lossless: 10k batched pac samples (trees, siblings drawn without replacement, the continuation on and off,
     drafts from several inits, a chain after the main path or after every leaf, the leaves' chains cut short by
     ``leaf_chain``, siblings on the main chain (``spine``) with chains; CFG, top-k and temperature on) follow the
     enumerated joint; the same counts reject the unguided one and one a tenth of the way to it (power), and no
     zero-probability image appears."""
     joint, unguided = joints
-    chains, *more = chains.split(":")  # chains[:leaf_chain[:spine:spine_chain]]
-    cap, spine, spine_chain = (list(map(int, more)) + [0, 1, 0][len(more):])
     tokens, st = sample(micro_gpt, [1] * N, "pac", seed=0, window=window, tree_width=width, tree_depth=depth,
-                        continuation=continuation, init=init, chains=chains, leaf_chain=cap, spine=spine,
-                        spine_chain=spine_chain, **OPTS)
+                        continuation=continuation, init=init, **more, **OPTS)
     counts = counts_of(tokens, 4)
     assert chi2_p(counts, joint) > 1e-3
     assert chi2_p(counts, unguided) < 1e-6 and chi2_p(counts, toward(joint, unguided)) < 1e-6

@@ -4,10 +4,11 @@ continuation; training-free and exact.
 Each pass verifies a static tree (:mod:`vgen.samplers.speculative.pac`): ``tree_width`` candidates at each of the
 first ``tree_depth`` undecided positions, drawn without replacement from the distributions the last pass computed
 there, then one chain out to ``window - 1`` drafts (after the first candidates' path, or with ``chains=leaves`` after
-every leaf). Siblings are checked by recursive rejection sampling, so every token has the AR sampler's distribution;
-``continuation`` keeps last pass's drafts where the new distribution allows them (a maximal coupling, as ``scd``'s
-``coupling=maximal``). ``window=auto`` times this tree and each of ``trees``
-(narrower ones: every node is a row of the pass) at ``max_window`` against AR's loop and runs the fastest.
+every leaf; ``spine``: siblings beside each draft of the main chain). Siblings are checked by recursive rejection
+sampling, so every token has the AR sampler's distribution; ``continuation`` keeps last pass's drafts where the new
+distribution allows them (a maximal coupling, as ``scd``'s ``coupling=maximal``). ``window=auto`` times this tree and
+each of ``trees`` (narrower ones: every node is a row of the pass) at ``max_window`` against AR's loop and runs the
+fastest.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ tree instead (:mod:`vgen.kernels.tree`): at each of the first ``tree_depth`` pos
 holds ``tree_width`` candidates (the children of every node one level up), then one chain (rank 0) out to the
 window: after the first candidates' path (``chains='main'``, the official tree) or after every leaf (``'leaves'``,
 vgen's: a pass that accepts a later sibling goes on down its own chain; every chain holds the same drafts; ``leaf_chain``
-caps the other leaves' chains, where a wide first level would otherwise cost a full chain per candidate). The
+caps the other leaves' chains, where a wide first level would otherwise cost a full chain per candidate; ``spine``
+puts siblings beside each draft of the main chain past the tree, with chains of ``spine_chain`` drafts). The
 candidates of a position are drawn, with no extra forward pass, from the distribution the last pass computed there
 (stale, as Jacobi's drafts are) and **without replacement**: candidate r's proposal is that distribution with
 candidates 0..r-1 removed, renormalised; the tree is verified by recursive rejection sampling
@@ -72,18 +73,22 @@ def pac_paths(window: int, width: int, depth: int, chains: str = "main", leaf_ch
 
 
 class PacTables:
-    """A tree's index tables for drafting: each node's column (depth - 1) and rank, the candidates of every column
-    (``widths``), and the node that continues a decided path at every later depth."""
+    """A tree's index tables for drafting: each node's rank, the candidates of every column (``widths``; column j:
+    depth j + 1), each node's candidate among :func:`candidates`' draws (``source``), and the node that continues a
+    decided path at every later depth."""
 
     def __init__(self, tree: StaticTree, device):
         paths = tree.paths
         index = {p: i + 1 for i, p in enumerate(paths)}
         self.tree, self.columns = tree, tree.depth_max
-        self.col = torch.tensor([len(p) - 1 for p in paths], device=device)
         self.rank = torch.tensor([p[-1] for p in paths], device=device)
         self.widths = tuple(1 + max(p[-1] for p in paths if len(p) == j + 1) for j in range(tree.depth_max))
-        self.width = max(self.widths)
         self.rank_uniforms = sum(w - 1 for w in self.widths)  # one per candidate past rank 0
+        offset = [tree.depth_max]  # where each column's ranks past 0 sit in candidates' list (after the rank 0s)
+        for w in self.widths[:-1]:
+            offset.append(offset[-1] + w - 1)
+        self.source = torch.tensor([len(p) - 1 if p[-1] == 0 else offset[len(p) - 1] + p[-1] - 1 for p in paths],
+                                   device=device)  # each node's candidate in that list
         main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
         # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
         # descendants while they last, then the main path
@@ -101,21 +106,18 @@ def candidates(base: torch.Tensor, rank0: torch.Tensor, u: torch.Tensor, t: PacT
     """Node tokens (B, N) and proposals (B, N, V) of a tree whose column j's candidate 0 is ``rank0[:, j]``, drawn from
     ``base[:, j]`` (B, J, V), and whose other ``t.widths[j] - 1`` candidates are drawn without replacement from it,
     in rank order, with uniforms ``u`` (B, >= t.rank_uniforms), column by column."""
-    B, J, V = base.shape
-    W = t.width
-    toks = rank0[:, :, None].expand(B, J, W).clone()  # ranks past a column's width: never a node's
-    props = base[:, :, None].expand(B, J, W, V).clone()
-    at = 0  # the next uniform
+    toks, props = [rank0], [base]  # rank 0 of every column, then the other ranks column by column
     for j, w in enumerate(t.widths):
-        left = base[:, j].clone() if w > 1 else None
-        for r in range(1, w):
-            left.scatter_(1, toks[:, j, r - 1:r], 0.0)  # without replacement: the earlier candidates are gone
+        if w == 1:
+            continue
+        left, prev = base[:, j].clone(), rank0[:, j]
+        for _ in range(1, w):
+            left.scatter_(1, prev[:, None], 0.0)  # without replacement: the earlier candidates are gone
             mass = left.sum(-1, keepdim=True)
-            props[:, j, r] = torch.where(mass > 0, left / mass.clamp_min(1e-30), torch.zeros_like(left))
-            toks[:, j, r] = sample_from_probs(torch.where(mass > 0, left, base[:, j]), u[:, at])
-            at += 1
-    flat = t.col * W + t.rank  # each node's (column, rank)
-    return toks.flatten(1)[:, flat], props.flatten(1, 2)[:, flat]
+            props.append(torch.where(mass > 0, left / mass.clamp_min(1e-30), torch.zeros_like(left))[:, None])
+            prev = sample_from_probs(torch.where(mass > 0, left, base[:, j]), u[:, len(toks) - 1])
+            toks.append(prev[:, None])
+    return torch.cat(toks, 1)[:, t.source], torch.cat(props, 1)[:, t.source]
 
 
 def pac_step(model, cache, s: SlotState, wv, it, W: int, c: StepConfig, rule, **args) -> None:
