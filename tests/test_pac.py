@@ -151,7 +151,7 @@ def test_each_candidate_follows_the_proposal_it_is_verified_with(paths):
     freq = torch.nn.functional.one_hot(toks, V).float().mean(0)  # (N, V)
     assert (freq - props.mean(0)).abs().max() < 0.01  # 40k draws: a frequency's standard error is under 0.0025
     assert freq[:, 4].sum() == 0
-    parent, rank = t.tree.parent[1:].tolist(), t.rank.tolist()
+    parent, rank = t.tree.parent[1:].tolist(), [p[-1] for p in t.tree.paths]
     for a in range(len(rank)):
         for b in range(a):
             if parent[a] == parent[b]:  # siblings

@@ -73,7 +73,7 @@ def pac_paths(window: int, width: int, depth: int, chains: str = "main", leaf_ch
 
 
 class PacTables:
-    """A tree's index tables for drafting: each node's rank, the candidates of every column (``widths``; column j:
+    """A tree's index tables for drafting: the candidates of every column (``widths``; column j:
     depth j + 1), each node's candidate among :func:`candidates`' draws (``source``), and the node that continues a
     decided path at every later depth."""
 
@@ -81,7 +81,6 @@ class PacTables:
         paths = tree.paths
         index = {p: i + 1 for i, p in enumerate(paths)}
         self.tree, self.columns = tree, tree.depth_max
-        self.rank = torch.tensor([p[-1] for p in paths], device=device)
         self.widths = tuple(1 + max(p[-1] for p in paths if len(p) == j + 1) for j in range(tree.depth_max))
         self.rank_uniforms = sum(w - 1 for w in self.widths)  # one per candidate past rank 0
         offset = [tree.depth_max]  # where each column's ranks past 0 sit in candidates' list (after the rank 0s)
