@@ -1,11 +1,16 @@
 """Quantizing while loading (load_official(..., quantize=), load_pipeline(..., quantize=)): the same bytes as loading
 in float and quantizing after, for both file formats, every dtype cast and the zoo's model kinds; the lazy readers;
 the fallbacks; and the peak memory a load adds (vgen.eval.load_memory, in fresh processes)."""
+import json
+import os
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.nn as nn
+from guards import needs_zoo
 from safetensors.torch import save_file
 
 from vgen.errors import VGenError
@@ -129,14 +134,44 @@ def test_mapped_tensors_read_right_after_their_pages_are_dropped(files):
 
 
 def test_parameters_on_meta_is_undone_even_when_the_build_fails():
+    """Inside, parameters land on meta and the initialisers' in-place ops leave a meta tensor alone (a real one still
+    gets its values); outside, both patches are gone, even after an error."""
+    from vgen.models.loading import META_SKIPPED
     register = nn.Module.register_parameter
+    ops = {name: getattr(torch.Tensor, name) for name in META_SKIPPED}
     with parameters_on_meta():
         lin = nn.Linear(4, 3)
         norm = nn.LayerNorm(3)
-    assert lin.weight.is_meta and norm.bias.is_meta
+        emb = nn.Embedding(5, 2)  # its initialiser is normal_
+        real = torch.zeros(3).normal_().clamp_(-0.5, 0.5)
+        assert getattr(torch.Tensor, "normal_") is not ops["normal_"]
+    assert lin.weight.is_meta and norm.bias.is_meta and emb.weight.is_meta and emb.weight.shape == (5, 2)
+    assert real.abs().max() <= 0.5 and real.abs().sum() > 0
     with pytest.raises(ValueError), parameters_on_meta():
         raise ValueError
     assert nn.Module.register_parameter is register and not nn.Linear(2, 2).weight.is_meta
+    assert all(getattr(torch.Tensor, name) is op for name, op in ops.items())
+
+
+LOAD_CHILD = """
+import json, sys
+import vgen
+pipe = vgen.load_pipeline("photos-gpt")  # a GPT and a VQ tokenizer with an l2-normalised codebook
+loaded = "torch._dynamo" in sys.modules
+gen = pipe.generate([1], seed=0, sampler="sjd", window=4)
+print(json.dumps([loaded, "torch._dynamo" in sys.modules, gen.images.shape[0]]))
+"""
+
+
+@pytest.mark.slow
+def test_loading_and_eager_sampling_leave_dynamo_unloaded():
+    """Building a zoo model to load it runs no meta op through torch._refs (whose first use imports torch._dynamo,
+    about 3.4 s of a `vgen sample` on a 2-core host), and eager sampling imports it neither. One fresh interpreter."""
+    needs_zoo("photos-gpt")
+    r = subprocess.run([sys.executable, "-c", LOAD_CHILD], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, False, 1], r.stdout
 
 
 def test_a_model_reading_its_state_dict_its_own_way_is_loaded_whole_then_quantized(files):

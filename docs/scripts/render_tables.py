@@ -433,7 +433,7 @@ def pac_windows(reps: list[dict], files: list[str]) -> str:
     lines = []
     for rep, f in zip(reps, files):
         labels = list(dict.fromkeys(_pac_label(r) for r in rep["rows"]))
-        later = [c for c in dict.fromkeys(m for cmd in rep.get("commands", []) for m in re.findall(r"\(vgen (\w+)\)$", cmd))
+        later = [c for c in dict.fromkeys(m for cmd in rep.get("commands", []) for m in re.findall(r"\(vgen ([\w+]+)\)$", cmd))
                  if c != rep["machine"].get("vgen_commit")]  # commands that added cells name their commit
         lines += [f"{machine(rep)}, {rep['date']}" + (f" (cells added at vgen {', '.join(later)})" if later else "")
                   + f"; {rep['samples']} samples in one batch per cell, eager (`{f}`); "

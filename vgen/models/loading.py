@@ -365,11 +365,25 @@ def load_official(kind: str, src, *, filename: str | None = None, revision: str 
     return model.eval()
 
 
+# In-place tensor ops that initialisers run and that have no C++ meta kernel: on a meta tensor torch runs them through
+# torch._refs, whose first use imports torch._dynamo (3.4 s on a 2-core host). On a meta tensor each only checks
+# shapes and leaves it as it was, so inside :func:`parameters_on_meta` a meta tensor skips them.
+META_SKIPPED = ("normal_", "erfinv_", "clamp_", "exponential_", "log_normal_", "cauchy_", "geometric_")
+
+
+def _meta_skips(op):
+    def skip_on_meta(self, *args, **kwargs):
+        return self if self.is_meta else op(self, *args, **kwargs)
+    return skip_on_meta
+
+
 @contextlib.contextmanager
 def parameters_on_meta():
     """Modules built inside keep their parameters on the meta device (shapes, no memory); buffers are made where they
-    are (they are small, and some are computed at build time, such as rotary tables)."""
+    are (they are small, and some are computed at build time, such as rotary tables). Their initialisers' in-place
+    ops leave a meta parameter as it is (:data:`META_SKIPPED`: a building command does not import torch._dynamo)."""
     register = nn.Module.register_parameter
+    ops = {name: getattr(torch.Tensor, name) for name in META_SKIPPED}
 
     def on_meta(module, name, param):
         register(module, name, param)
@@ -377,10 +391,14 @@ def parameters_on_meta():
         if p is not None and not p.is_meta:
             module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
     nn.Module.register_parameter = on_meta
+    for name, op in ops.items():
+        setattr(torch.Tensor, name, _meta_skips(op))
     try:
         yield
     finally:
         nn.Module.register_parameter = register
+        for name, op in ops.items():
+            setattr(torch.Tensor, name, op)
 
 
 def streamable(model: nn.Module, shapes: dict) -> bool:

@@ -195,7 +195,7 @@ class VectorQuantizer(nn.Module):
         self.n_e, self.e_dim, self.l2_norm = n_e, e_dim, l2_norm
         self.embedding = nn.Embedding(n_e, e_dim)
         nn.init.uniform_(self.embedding.weight, -1.0 / n_e, 1.0 / n_e)
-        if l2_norm:
+        if l2_norm and not self.embedding.weight.is_meta:  # on meta (built to be loaded) only the shape is there
             self.embedding.weight.data = F.normalize(self.embedding.weight.data, dim=-1)
         if show_usage:  # kept for key compatibility with the official checkpoints
             self.register_buffer("codebook_used", torch.zeros(65536))
