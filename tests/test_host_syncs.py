@@ -250,6 +250,7 @@ SOURCES = [
     ("eagle", dict(window=4)),
     ("eagle", dict(tree="2,2", window=4)),
     ("pac", dict(window=4, tree_width=2, tree_depth=2)),
+    ("pac", dict(window=4, tree_width=2, tree_depth=1, chains="leaves", restart="mix")),
     ("sps", dict(window=4, draft="self@int8")),
 ]
 

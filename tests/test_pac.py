@@ -27,12 +27,15 @@ def joints(micro_gpt):
     pytest.param(3, 2, 2, True, "horizontal", {}, marks=pytest.mark.slow),
     pytest.param(4, 2, 1, True, "random", {"chains": "leaves"}, marks=pytest.mark.slow),
     pytest.param(4, 3, 1, True, "random", {"chains": "leaves", "leaf_chain": 1}, marks=pytest.mark.slow),
-    pytest.param(4, 2, 1, True, "random", {"spine": 2, "spine_chain": 1}, marks=pytest.mark.slow)],
+    pytest.param(4, 2, 1, True, "random", {"spine": 2, "spine_chain": 1}, marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, True, "random", {"restart": "mix", "chains": "leaves"}, marks=pytest.mark.slow),
+    pytest.param(4, 2, 1, False, "random", {"restart": "mix", "spine": 2, "spine_chain": 1}, marks=pytest.mark.slow)],
     ids=lambda v: ("-".join(f"{k}={x}" for k, x in v.items()) or "default") if isinstance(v, dict) else None)
 def test_pac_matches_the_exact_distribution(micro_gpt, joints, window, width, depth, continuation, init, more):
     """Lossless: 10k batched pac samples (trees, siblings drawn without replacement, the continuation on and off,
     drafts from several inits, a chain after the main path or after every leaf, the leaves' chains cut short by
-    ``leaf_chain``, siblings on the main chain (``spine``) with chains; CFG, top-k and temperature on) follow the
+    ``leaf_chain``, siblings on the main chain (``spine``) with chains, the first position after a rejection drawn from
+    the mean after every candidate tried (``restart=mix``); CFG, top-k and temperature on) follow the
     enumerated joint; the same counts reject the unguided one and one a tenth of the way to it (power), and no
     zero-probability image appears."""
     joint, unguided = joints
@@ -55,6 +58,18 @@ def test_pac_is_batch_invariant_and_continues_prefixes(micro_gpt):
     prefix = torch.tensor([[2], [1], [0]])
     t, _ = s(micro_gpt, torch.tensor([1, 1, 1]), [3, 4, 5], prefix=prefix)
     assert torch.equal(t[:, :1], prefix)
+
+
+def test_restart_mix_draws_otherwise_and_stays_batch_invariant(micro_gpt):
+    """restart=mix is not rank0 under another name: from the same seeds its drafts after a rejection differ, so do
+    some samples (the law is the same: the exactness cases above); any batch size still gives the same bytes."""
+    kw = dict(seed=3, window=4, tree_width=2, tree_depth=1, chains="leaves", **OPTS)
+    labels = [0, 1, 2, 1, 0, 2, 1, 0] * 8
+    mix, st = sample(micro_gpt, labels, "pac", restart="mix", batch_size=64, **kw)
+    rank0, _ = sample(micro_gpt, labels, "pac", batch_size=64, **kw)
+    assert not torch.equal(mix, rank0)
+    again, _ = sample(micro_gpt, labels, "pac", restart="mix", batch_size=5, **kw)
+    assert torch.equal(mix, again)
 
 
 def test_the_tree_is_the_branches_then_the_main_path(micro_gpt):

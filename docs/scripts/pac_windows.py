@@ -4,7 +4,8 @@ windows, N samples in one batch, eager, seeds 0..N-1, the card's example conditi
 [--out FILE.json]`. A tree ending in L (``3x2L``) hangs a chain from every leaf (``chains=leaves``); L and a number
 (``32x1L6``) caps the chains off the main path at that many drafts (``leaf_chain``); S and a number adds that many
 candidates at each position of the main chain (``spine``), C and a number their chains (``spine_chain``):
-``32x1L10S2C3``. ``--out`` writes this run's cells into FILE.json (rendered by render_tables.py's ``pac-windows``; a
+``32x1L10S2C3``; a final M draws the first position after a rejection from the mean of the distributions after every
+candidate tried there (``restart=mix``): ``32x1L10S2C3M``. ``--out`` writes this run's cells into FILE.json (rendered by render_tables.py's ``pac-windows``; a
 cell of the same model, window, sampler and options is replaced, the others kept), with the machine and commit;
 ``--no-baselines`` runs the trees only (sjd and scd's cells already in FILE.json stay)."""
 import argparse
@@ -34,14 +35,15 @@ if a.out and os.path.exists(a.out) and "samples" not in json.load(open(a.out)):
 pipe = vgen.load_pipeline(a.model)
 runs = [] if a.no_baselines else [("sjd", {}), ("scd", {}), ("scd", {"coupling": "maximal"})]
 for t in a.trees.split(","):
-    m = re.fullmatch(r"(\d+)X(\d+)(L(\d*))?(S(\d+)(C(\d+))?)?", t.upper())
+    m = re.fullmatch(r"(\d+)X(\d+)(L(\d*))?(S(\d+)(C(\d+))?)?(M)?", t.upper())
     if not m:
-        sys.exit(f"--trees: {t!r} is not WxD[L[n]][Ss[Cc]] (e.g. 32x1L10S2C3)")
-    width, depth, leaves, cap, _, spine, _, spine_chain = m.groups()
+        sys.exit(f"--trees: {t!r} is not WxD[L[n]][Ss[Cc]][M] (e.g. 32x1L10S2C3M)")
+    width, depth, leaves, cap, _, spine, _, spine_chain, mix = m.groups()
     o = {"tree_width": int(width), "tree_depth": int(depth), "chains": "leaves" if leaves else "main"}
     o |= {"leaf_chain": int(cap)} if cap else {}
     o |= {"spine": int(spine)} if spine else {}
     o |= {"spine_chain": int(spine_chain)} if spine_chain else {}
+    o |= {"restart": "mix"} if mix else {}
     runs.append(("pac", o))
 cond = pipe.encode(examples(pipe.card, a.n))
 rows = []

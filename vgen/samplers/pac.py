@@ -6,7 +6,8 @@ first ``tree_depth`` undecided positions, drawn without replacement from the dis
 there, then one chain out to ``window - 1`` drafts (after the first candidates' path, or with ``chains=leaves`` after
 every leaf; ``spine``: siblings beside each draft of the main chain). Siblings are checked by recursive rejection
 sampling, so every token has the AR sampler's distribution; ``continuation`` keeps last pass's drafts where the new
-distribution allows them (a maximal coupling, as ``scd``'s ``coupling=maximal``). ``window=auto`` times this tree and
+distribution allows them (a maximal coupling, as ``scd``'s ``coupling=maximal``); ``restart=mix`` draws the first
+position after a rejection from the mean of the distributions after every candidate tried there. ``window=auto`` times this tree and
 each of ``trees`` (narrower ones: every node is a row of the pass) at ``max_window`` against AR's loop and runs the
 fastest.
 """
@@ -57,6 +58,9 @@ class PacOptions(SpeculativeOptions):
     spine_chain: int = option(0, "drafts on the chain after each of spine's siblings")
     continuation: bool = option(True, "keep last pass's drafts where the new distribution allows them (a maximal "
                                 "coupling); false: fresh draws (the ablation)")
+    restart: str = option("rank0", "the first position after a rejection: its candidates drawn from the distribution after "
+                          "the rejected rank-0 candidate (rank0, the official) or from the mean of those after every "
+                          "candidate tried there (mix)", choices=("rank0", "mix"))
     init: str = option("random", "drafts for new positions, as sjd's", choices=INITS)
     fresh_q: str = option("proposal", "draft distribution of new drafts, as sjd's", choices=FRESH_Q)
 
@@ -143,7 +147,7 @@ class PacSampler(SpeculativeSampler):
     def draft_source(self, model, config: StepConfig, slots: int, draft=None):
         o = self.options
         window = o.window if o.window != "auto" else o.max_window
-        return PacTree(model, config, slots, self.tables(model, window), o.init, o.fresh_q, o.continuation)
+        return PacTree(model, config, slots, self.tables(model, window), o.init, o.fresh_q, o.continuation, o.restart)
 
     def tree(self) -> str:
         """This sampler's tree, ``'<tree_width>x<tree_depth>'``."""

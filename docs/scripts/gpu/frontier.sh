@@ -9,11 +9,12 @@
 #      run, what they hold in memory and what a pass costs;
 #   2. pac against compiled AR on photos-t2i at batch 1 and 8: ar, scd and pac's default tree at window 16, and the
 #      wide trees that pay only where a pass over hundreds of rows costs about one over a few (at window 32: 64 x 1,
-#      the fewest one-token passes, and 32 x 1 with 10-draft chains on its leaves, the most tokens per pass);
+#      the fewest one-token passes; at window 16: 32 x 1 with 10-draft chains on its leaves, a spine and
+#      restart=mix, the tree that meets issue 62's ratios to sjd and scd);
 #      compiled, paired rounds, tokens per pass in every row;
 #   3. LlamaGen-T2I's GPT-XL shape (random weights, bfloat16): eager and CUDA-graph pass cost at 1-128 tokens, in
 #      bfloat16 and int8 (the rows a pac pass feeds are its tree's nodes plus one: 3 x 2 at window 16 has 25 nodes,
-#      at window 32 41, with a chain after every leaf 273; 64 x 1 at window 32 94; 32 x 1 with leaf_chain=10 372;
+#      at window 32 41, with a chain after every leaf 273; 64 x 1 at window 32 94; the window-16 tree above 406;
 #      guidance doubles the rows; past 128 the shape's cache ends).
 # T_PAC / T_JANUS / T_XL: each part's limit in seconds (0 skips it). Needs the wheels in .whl/ (setup.sh) and, for
 # the 64 MiB a run may carry, only the zoo folder photos-t2i in the checkout. DEVICE=cpu with SMOKE=1 runs every part
@@ -46,7 +47,7 @@ cp /tmp/janus/bench.json $OUT/janus.json 2>/dev/null
 part "pac on photos-t2i" "${T_PAC:-270}" python3 -m vgen bench device=$DEVICE models=[photos-t2i] \
   compile=${PAC_COMPILE:-true} num_samples=${PAC_SAMPLES:-8} repeats=${PAC_REPEATS:-3} \
   batch_sizes=${PAC_BATCHES:-[1,8]} baseline=false fid_samples=0 outdir=/tmp/pac \
-  "samplers=${PAC_SAMPLERS:-[ar,\"scd:window=16\",\"pac:window=16\",\"pac:window=32,tree_width=64,tree_depth=1\",\"pac:window=32,tree_width=32,tree_depth=1,chains=leaves,leaf_chain=10\"]}" \
+  "samplers=${PAC_SAMPLERS:-[ar,\"scd:window=16\",\"pac:window=16\",\"pac:window=32,tree_width=64,tree_depth=1\",\"pac:window=16,tree_width=32,tree_depth=1,chains=leaves,leaf_chain=10,spine=2,spine_chain=3,restart=mix\"]}" \
   2>&1 | grep -v Warning | tail -n 20 | tee $OUT/pac.log
 cp /tmp/pac/bench.json $OUT/pac.json 2>/dev/null
 

@@ -21,6 +21,13 @@ the official code does the same: keep the draft where it passes against the stal
 residual). Its law is the new distribution, so it is that candidate's proposal, and the verification stays exact.
 ``continuation=false`` draws candidate 0 afresh (the ablation).
 
+**The first position after a rejection** (``restart``). The token decided at a rejection is a residual draw, often
+one the stale distribution did not favour, so the distribution the last pass computed after the rejected rank-0
+candidate (``restart='rank0'``) is a poor guess for the position after it. ``restart='mix'`` draws that column's
+candidates from the mean of the distributions after every candidate tried at the rejected position (the decided
+path's end's children: 32 at a 32-wide first level): a hedge over the contexts the pass saw, known before any draw,
+so it is the candidates' proposal and the verification stays exact.
+
 Positions past the last pass's window get drafts from ``init`` (:func:`~vgen.samplers.speculative.jacobi.fresh_drafts`)
 and their other candidates without replacement from the same proposal; a proposal with no mass left for a candidate
 (a copy's one-hot, a top-k support smaller than the width) leaves that node empty: it is never accepted.
@@ -88,6 +95,11 @@ class PacTables:
             offset.append(offset[-1] + w - 1)
         self.source = torch.tensor([len(p) - 1 if p[-1] == 0 else offset[len(p) - 1] + p[-1] - 1 for p in paths],
                                    device=device)  # each node's candidate in that list
+        # each node's children, equal weights (row a: the candidates tried after node a)
+        kids = torch.zeros(len(paths) + 1, len(paths) + 1)
+        for i, p in enumerate(paths):
+            kids[index.get(p[:-1], 0), i + 1] = 1.0
+        self.kids = kids.to(device)
         main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
         # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
         # descendants while they last, then the main path
@@ -152,16 +164,16 @@ class PacTree(Chain):
         ar = torch.arange(tree.depth_max + 1, device=n.device)
         pnodes = torch.cat([torch.zeros_like(k[:, None]), path], 1)  # the node before each decided position
         ptok = torch.cat([x.gather(1, (path - 1).clamp_min(0)), torch.zeros_like(k[:, None])], 1)
-        return Verdict(k, torch.where(ar < k[:, None], ptok, tok[:, None]), pnodes, (path, x))
+        return Verdict(k, torch.where(ar < k[:, None], ptok, tok[:, None]), pnodes, (path, x, inside))
 
     @staticmethod
     def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *,
-              tables: PacTables, init: str, fresh_q: str, continuation: bool, **args):
+              tables: PacTables, init: str, fresh_q: str, continuation: bool, restart: str = "rank0", **args):
         """The accepted path's keys and values move to their slots; the next tree's candidates come from the
         distributions this pass computed after the nodes that continue the decided path (rank 0 from the deepest
         decided node, the main path where that runs out), positions past the tree from ``init``."""
         tree = tables.tree
-        n, k, (path, x) = s.n, v.k, v.memo
+        n, k, (path, x, inside) = s.n, v.k, v.memo
         J, dev = tables.columns, n.device
         keep_path(model, cache, n, path, c, tree)
         ex = us[4]
@@ -177,6 +189,11 @@ class PacTree(Chain):
         dx = dg + 1  # depth of the old draft at column j
         stale = dg <= J
         g = gather_rows(p, torch.where(stale, cont.gather(1, (dg - 1).clamp_max(J - 1)), 0))  # (B, J, V)
+        if restart == "mix":  # column 0: the mean of the distributions after every candidate tried after the path
+            w = tables.kids[end][:, 1:] * inside  # (B, N): the decided path's end's children in the image
+            mass = w.sum(-1, keepdim=True)
+            mix = torch.bmm((w / mass.clamp_min(1)).unsqueeze(1), p[:, 1:tree.size + 1]).squeeze(1)
+            g[:, 0] = torch.where(mass > 0, mix, g[:, 0])
         # new positions (past this tree): drafts from init after the node continuing the decided path at the last
         # depth, proposals as Jacobi's
         last = n - 1 + J
@@ -201,9 +218,9 @@ class PacTree(Chain):
         return torch.full_like(wv, tables.tree.depth_max + 1)
 
     def __init__(self, model, config: StepConfig, slots: int, tables: PacTables, init: str, fresh_q: str,
-                 continuation: bool):
+                 continuation: bool, restart: str = "rank0"):
         self.config, self.tables, self.init, self.fresh_q = config, tables, init, fresh_q
-        self.step_args = dict(tables=tables, init=init, fresh_q=fresh_q, continuation=continuation)
+        self.step_args = dict(tables=tables, init=init, fresh_q=fresh_q, continuation=continuation, restart=restart)
 
     @staticmethod
     def extra_uniforms(tables: PacTables) -> int:
