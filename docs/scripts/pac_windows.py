@@ -5,8 +5,8 @@ windows, N samples in one batch, eager, seeds 0..N-1, the card's example conditi
 (``32x1L6``) caps the chains off the main path at that many drafts (``leaf_chain``); S and a number adds that many
 candidates at each position of the main chain (``spine``), C and a number their chains (``spine_chain``):
 ``32x1L10S2C3``; a final M draws the first position after a rejection from the mean of the distributions after every
-candidate tried there (``restart=mix``): ``32x1L10S2C3M``. ``--out`` writes this run's cells into FILE.json (rendered by render_tables.py's ``pac-windows``; a
-cell of the same model, window, sampler and options is replaced, the others kept), with the machine and commit;
+candidate tried there (``restart=mix``): ``32x1L10S2C3M``. ``--out`` writes this run's cells into FILE.json (rendered
+by render_tables.py's ``pac-windows``; a cell of the same model, window, sampler and options is replaced, the others kept), with the machine and commit;
 ``--no-baselines`` runs the trees only (sjd and scd's cells already in FILE.json stay)."""
 import argparse
 import datetime

@@ -424,7 +424,8 @@ def _pac_label(r: dict) -> str:
     return f"`pac` {o['tree_width']}x{o['tree_depth']}" + (" leaves" if leaves else "") + (
         f" leaf_chain={o['leaf_chain']}" if leaves and o.get("leaf_chain") else "") + (
         f" spine={o['spine']}" + (f" spine_chain={o['spine_chain']}" if o.get("spine_chain") else "")
-        if o.get("spine", 1) > 1 else "") + (f" restart={o['restart']}" if o.get("restart", "rank0") != "rank0" else "")
+        if o.get("spine", 1) > 1 else "") + (
+        f" restart={o['restart']}" if o.get("restart", "rank0") != "rank0" else "")
 
 
 def pac_windows(reps: list[dict], files: list[str]) -> str:

@@ -7,9 +7,9 @@ there, then one chain out to ``window - 1`` drafts (after the first candidates' 
 every leaf; ``spine``: siblings beside each draft of the main chain). Siblings are checked by recursive rejection
 sampling, so every token has the AR sampler's distribution; ``continuation`` keeps last pass's drafts where the new
 distribution allows them (a maximal coupling, as ``scd``'s ``coupling=maximal``); ``restart=mix`` draws the first
-position after a rejection from the mean of the distributions after every candidate tried there. ``window=auto`` times this tree and
-each of ``trees`` (narrower ones: every node is a row of the pass) at ``max_window`` against AR's loop and runs the
-fastest.
+position after a rejection from the mean of the distributions after every candidate tried there. ``window=auto``
+times this tree and each of ``trees`` (narrower ones: every node is a row of the pass) at ``max_window`` against AR's
+loop and runs the fastest.
 """
 from __future__ import annotations
 

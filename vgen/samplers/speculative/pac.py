@@ -95,11 +95,6 @@ class PacTables:
             offset.append(offset[-1] + w - 1)
         self.source = torch.tensor([len(p) - 1 if p[-1] == 0 else offset[len(p) - 1] + p[-1] - 1 for p in paths],
                                    device=device)  # each node's candidate in that list
-        # each node's children, equal weights (row a: the candidates tried after node a)
-        kids = torch.zeros(len(paths) + 1, len(paths) + 1)
-        for i, p in enumerate(paths):
-            kids[index.get(p[:-1], 0), i + 1] = 1.0
-        self.kids = kids.to(device)
         main = [0] + [index[(0,) * d] for d in range(1, tree.depth_max + 1)]
         # the node continuing a decided path that ends at node a (0: the root) at every depth d past a's: its rank-0
         # descendants while they last, then the main path
@@ -168,7 +163,7 @@ class PacTree(Chain):
 
     @staticmethod
     def draft(model, cache, tokens, s: SlotState, v: Verdict, wv, p, h, us, W: int, c: StepConfig, *,
-              tables: PacTables, init: str, fresh_q: str, continuation: bool, restart: str = "rank0", **args):
+              tables: PacTables, init: str, fresh_q: str, continuation: bool, restart: str, **args):
         """The accepted path's keys and values move to their slots; the next tree's candidates come from the
         distributions this pass computed after the nodes that continue the decided path (rank 0 from the deepest
         decided node, the main path where that runs out), positions past the tree from ``init``."""
@@ -190,7 +185,7 @@ class PacTree(Chain):
         stale = dg <= J
         g = gather_rows(p, torch.where(stale, cont.gather(1, (dg - 1).clamp_max(J - 1)), 0))  # (B, J, V)
         if restart == "mix":  # column 0: the mean of the distributions after every candidate tried after the path
-            w = tables.kids[end][:, 1:] * inside  # (B, N): the decided path's end's children in the image
+            w = ((tree.parent[None, 1:] == end[:, None]) & inside).float()  # (B, N): the path end's children
             mass = w.sum(-1, keepdim=True)
             mix = torch.bmm((w / mass.clamp_min(1)).unsqueeze(1), p[:, 1:tree.size + 1]).squeeze(1)
             g[:, 0] = torch.where(mass > 0, mix, g[:, 0])
@@ -218,7 +213,7 @@ class PacTree(Chain):
         return torch.full_like(wv, tables.tree.depth_max + 1)
 
     def __init__(self, model, config: StepConfig, slots: int, tables: PacTables, init: str, fresh_q: str,
-                 continuation: bool, restart: str = "rank0"):
+                 continuation: bool, restart: str):
         self.config, self.tables, self.init, self.fresh_q = config, tables, init, fresh_q
         self.step_args = dict(tables=tables, init=init, fresh_q=fresh_q, continuation=continuation, restart=restart)
 
