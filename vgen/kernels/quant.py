@@ -272,10 +272,13 @@ def int4_dequantized(qweight: torch.Tensor, scale_zero: torch.Tensor, group_size
 
 def int4_tiled(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
     """x (M, K) times an int4 matrix in the portable layout, :data:`TILE` weights dequantized at a time into x's
-    dtype and multiplied by PyTorch's matrix product (a wide pass; memory holds one float tile, never the matrix)."""
+    dtype and multiplied by PyTorch's matrix product (a wide pass; memory holds one float tile, never the matrix).
+    Each tile's product is ``W @ x^T`` into contiguous rows of the (N, M) output, as :func:`int8_tiled`'s: ``x @ W^T``
+    into a column slice measured 2-3x slower at Janus-Pro-1B's shapes and 32-96 rows (docs/lab, 2026-12-03)."""
     n, k = qweight.shape[0], x.shape[1]
     step = max(16, TILE // max(1, k))
-    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    out = torch.empty(n, x.shape[0], dtype=x.dtype, device=x.device)
+    xt = x.t()
     fast = x.dtype == torch.float32 and scale_zero.dtype == torch.float32 and x.device.type == "cpu" and \
         qweight.is_contiguous() and scale_zero.transpose(0, 1).is_contiguous() and \
         native.library() is not None  # the tile made natively (what native.int4_rows takes)
@@ -284,8 +287,8 @@ def int4_tiled(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
         rows = slice(i, min(n, i + step))
         w = native.int4_rows(qweight, scale_zero, group_size, rows, buf[: rows.stop - i]) if fast else \
             int4_dequantized(qweight, scale_zero, group_size, rows, x.dtype)
-        torch.mm(x, w.t(), out=out[:, rows])
-    return out
+        torch.mm(w, xt, out=out[rows])
+    return out.t()
 
 
 def int4_cpu(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, group_size: int) -> torch.Tensor:
