@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn as nn
 
+from vgen.eval.bench.reporting import machine
 from vgen.kernels import native
 from vgen.kernels.linear import Linear
 from vgen.kernels.quant import Int4Linear, Int8Linear, int8_gemv, int8_tiled
@@ -120,7 +121,8 @@ def main():
                       f"--rows {' '.join(map(str, a.rows))}", "torch": torch.__version__,
            "torchao": getattr(torchao, "__version__", None), "threads": torch.get_num_threads(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu": _cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}, "rows": rows_out}
+                       "cpu": _cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                       "vgen_commit": machine().get("vgen_commit")}, "rows": rows_out}
     with open(a.out, "w") as f:
         json.dump(rep, f, indent=1)
     print("wrote", a.out)

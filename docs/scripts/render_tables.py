@@ -94,6 +94,8 @@ def quantized(reps: list[dict]) -> str:
     lines = []
     for rep in reps:
         c = rep["config"]
+        group = c.get("quantize_group", 32)  # int4's inputs per scale and offset: named where it is not the default
+        fmt_name = lambda fmt: f"{fmt} (group {group})" if fmt == "int4" and group != 32 else fmt  # noqa: E731
         lines += [f"The zoo ({c['num_samples']} images per cell, {c['repeats']} rounds; {machine(rep)}):", "",
                   "| model | weights | sampler | batch | ms / token | x float32 | tokens / pass |",
                   "|---|---|---|---|---|---|---|"]
@@ -103,7 +105,7 @@ def quantized(reps: list[dict]) -> str:
             model, _, fmt = r["model"].partition("@")
             f = base.get((model, r["sampler"], r["batch_size"]))
             compiled = " compiled" if "compile=true" in r["sampler"] else ""
-            lines.append(f"| {model} | {fmt or 'float32'} | `{r['sampler'].partition(':')[0]}`{compiled} | "
+            lines.append(f"| {model} | {fmt_name(fmt) or 'float32'} | `{r['sampler'].partition(':')[0]}`{compiled} | "
                          f"{r['batch_size']} | "
                          f"{r['ms_per_token']:.2f} | {f / r['ms_per_token'] if f else 0:.2f} | "
                          f"{r['accepted_per_step']:.2f} |")
@@ -127,7 +129,7 @@ def quantized(reps: list[dict]) -> str:
                     for run in runs:
                         f0 = fl["ar"][b][run]["ms_per_token"]
                         cells += [f"{a[run]['ms_per_token']:.1f}", f"{f0 / a[run]['ms_per_token']:.2f}"]
-                    lines.append(f"| {k.partition('@')[2] or k} | {e['weight_mb']:.0f} | {b} | " + " | ".join(cells)
+                    lines.append(f"| {fmt_name(k.partition('@')[2]) or k} | {e['weight_mb']:.0f} | {b} | " + " | ".join(cells)
                                  + " | " + (f"{a['official']['ms_per_token']:.1f}" if "official" in a else "") + " | "
                                  + " | ".join(f"{e['pass_cost'][w]:.2f}x" for w in widths) + " |")
         for name, e in (rep.get("transformers") or {}).get("models", {}).items():
@@ -143,7 +145,8 @@ def quantized(reps: list[dict]) -> str:
                              f"1.00 | {t['vgen']['peak_rss_mb']:.0f} |")
             for mode, row in q.items():
                 for b, t in row["batch"].items():
-                    lines.append(f"| {mode} | {row['weight_bytes'] / 2 ** 20:.0f} | {b} | {t['seconds_per_image']:.2f} "
+                    lines.append(f"| {fmt_name(mode)} | {row['weight_bytes'] / 2 ** 20:.0f} | {b} | "
+                                 f"{t['seconds_per_image']:.2f} "
                                  f"| {t['speedup_vs_float']:.2f} | {t['peak_rss_mb']:.0f} |")
         lines.append("")
     return "\n".join(lines)
@@ -154,8 +157,10 @@ def quant_kernels(reps: list[dict]) -> str:
     lines = []
     for rep in reps:
         m = rep["machine"]
-        lines += [f"{m.get('cpu') or m.get('processor')}, {rep['threads']} threads, torch {rep['torch']}, torchao "
-                  f"{rep.get('torchao') or 'absent'}; ms per call (x float32 `F.linear`):", ""]
+        isa = f" ({m['cpu_capability']})" if m.get("cpu_capability") else ""  # recorded since 2026-12-03
+        commit = f", vgen {m['vgen_commit']}" if m.get("vgen_commit") else ""
+        lines += [f"{m.get('cpu') or m.get('processor')}{isa}, {rep['threads']} threads, torch {rep['torch']}, torchao "
+                  f"{rep.get('torchao') or 'absent'}{commit}; ms per call (x float32 `F.linear`):", ""]
         fmts = list(dict.fromkeys(f for r in rep["rows"] for f in r["ms"]))  # a kernel past its rows: "-"
         lines += ["| layer | rows | " + " | ".join(fmts) + " |", "|---|---|" + "---|" * len(fmts)]
         for r in rep["rows"]:

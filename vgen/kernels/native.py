@@ -12,7 +12,8 @@ outputs split over PyTorch's OpenMP threads (the process's own ``libgomp``, alre
 * ``int4``: two codes a byte, a scale and offset per group (:class:`vgen.kernels.quant.Int4Linear`'s portable
   layout, its scales stored output by output); the offsets' term is each row's sum over a group, taken once a call.
 
-The timings on the AVX2 machine are in docs/quantization.md ("Speed on this CPU"; docs/bench/quant-kernels-cpu-avx2.json).
+The timings are in docs/quantization.md ("Speed on this CPU"; docs/bench/quant-kernels-cpu-avx2.json and, with
+the int4 kernel below, quant-kernels-cpu-avx512-native.json).
 
 They are built once per machine with the C compiler the CPU build of PyTorch already needs for ``torch.compile``
 (``$CC``, else ``cc`` / ``gcc`` / ``clang``), into vgen's cache (``$VGEN_CACHE``, else ``~/.cache/vgen``,
