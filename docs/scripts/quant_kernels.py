@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import time
 
@@ -120,22 +119,11 @@ def main():
     rep = {"command": f"python docs/scripts/quant_kernels.py --copies {a.copies} --calls {a.calls} "
                       f"--rows {' '.join(map(str, a.rows))}", "torch": torch.__version__,
            "torchao": getattr(torchao, "__version__", None), "threads": torch.get_num_threads(),
-           "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu": _cpu(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-                       "vgen_commit": machine().get("vgen_commit")}, "rows": rows_out}
+           "machine": machine(), "rows": rows_out}
     with open(a.out, "w") as f:
         json.dump(rep, f, indent=1)
     print("wrote", a.out)
 
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":

@@ -95,7 +95,9 @@ def quantized(reps: list[dict]) -> str:
     for rep in reps:
         c = rep["config"]
         group = c.get("quantize_group", 32)  # int4's inputs per scale and offset: named where it is not the default
-        fmt_name = lambda fmt: f"{fmt} (group {group})" if fmt == "int4" and group != 32 else fmt  # noqa: E731
+
+        def fmt_name(fmt: str, group: int = group) -> str:
+            return f"{fmt} (group {group})" if fmt == "int4" and group != 32 else fmt
         lines += [f"The zoo ({c['num_samples']} images per cell, {c['repeats']} rounds; {machine(rep)}):", "",
                   "| model | weights | sampler | batch | ms / token | x float32 | tokens / pass |",
                   "|---|---|---|---|---|---|---|"]
